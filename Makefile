@@ -1,0 +1,46 @@
+# Developer commands. `make demo` runs the pipeline on embedded defaults;
+# `make test` runs the suite against real PostgreSQL and a real Kafka broker.
+GO ?= go
+BINARIES := connector outbox-router slotwatch
+
+.PHONY: all build test demo bench soak lint fmt up down install clean
+
+all: build
+
+build:
+	@mkdir -p bin
+	$(GO) build -trimpath -o bin/ ./connector ./outbox-router ./slotwatch
+
+install:
+	scripts/install.sh
+
+test:
+	scripts/test.sh
+
+demo:
+	scripts/install.sh
+	$(GO) run ./examples/demo
+
+bench:
+	scripts/install.sh
+	$(GO) run ./bench
+
+soak:
+	scripts/install.sh
+	OUTBOX_SOAK=1 scripts/test.sh
+
+lint:
+	$(GO) vet ./...
+	@if command -v golangci-lint >/dev/null; then golangci-lint run ./...; else echo "golangci-lint not installed; ran go vet only"; fi
+
+fmt:
+	gofmt -s -w $$(git ls-files '*.go')
+
+up:
+	scripts/stack.sh up
+
+down:
+	scripts/stack.sh down
+
+clean:
+	rm -rf bin

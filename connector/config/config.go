@@ -1,0 +1,234 @@
+// Package config is the connector's configuration: every setting a flag and
+// an OUTBOX_* environment variable, with defaults and a Validate that says
+// what to do.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
+)
+
+// Config holds every connector setting.
+type Config struct {
+	// PGDSN is the libpq connection string (OUTBOX_PG_DSN). Required.
+	PGDSN string
+	// Slot is the logical replication slot (OUTBOX_SLOT, default outbox_slot).
+	Slot string
+	// Publication is the pgoutput publication (OUTBOX_PUBLICATION, default outbox_pub).
+	Publication string
+	// Table is the outbox table, schema-qualified (OUTBOX_TABLE, default public.outbox).
+	Table string
+	// Snapshot is initial or never (OUTBOX_SNAPSHOT, default initial): publish
+	// the rows already in the table when the connector creates the slot.
+	Snapshot string
+	// AcceptSlotReset continues, knowingly, on a slot that moved behind the
+	// connector's back (OUTBOX_ACCEPT_SLOT_RESET, default false).
+	AcceptSlotReset bool
+	// HTTPAddr serves /metrics, /healthz, /readyz, /leader (OUTBOX_HTTP_ADDR,
+	// default 127.0.0.1:9189; empty disables).
+	HTTPAddr string
+	// DLQTopic receives events that cannot be routed (OUTBOX_DLQ_TOPIC, default outbox.dlq).
+	DLQTopic string
+	// StatusInterval is how often the confirmed position is sent
+	// (OUTBOX_STATUS_INTERVAL, default 1s).
+	StatusInterval time.Duration
+	// StallTimeout fails /healthz when events are in flight and nothing was
+	// acked for this long (OUTBOX_STALL_TIMEOUT, default 60s).
+	StallTimeout time.Duration
+	// ShutdownTimeout bounds the graceful stop (OUTBOX_SHUTDOWN_TIMEOUT, default 30s).
+	ShutdownTimeout time.Duration
+	// MaxInFlight bounds the records buffered for Kafka
+	// (OUTBOX_MAX_IN_FLIGHT, default 10000); reading the WAL pauses beyond it.
+	MaxInFlight int
+	// LeaseTTL is the leader lease's time to live (OUTBOX_LEASE_TTL, default 10s).
+	LeaseTTL time.Duration
+	// LogLevel is debug, info, warn or error (OUTBOX_LOG_LEVEL, default info).
+	LogLevel string
+	// LogFormat is text or json (OUTBOX_LOG_FORMAT, default text).
+	LogFormat string
+
+	Kafka kafkaopt.Config
+	// Compression is the producer codec: none, gzip, snappy, lz4, zstd
+	// (OUTBOX_KAFKA_COMPRESSION, default lz4).
+	Compression string
+	// Linger is how long the producer waits to fill a batch (OUTBOX_KAFKA_LINGER, default 0).
+	Linger time.Duration
+	// MaxMessageBytes is the largest record (OUTBOX_KAFKA_MAX_MESSAGE_BYTES,
+	// default 1048576, the broker's default message.max.bytes); a larger
+	// event goes whole to the outbox_dead_letter table.
+	MaxMessageBytes int
+	// TopicCreate creates missing topics (OUTBOX_TOPIC_CREATE, default true).
+	TopicCreate bool
+	// TopicPartitions for created topics (OUTBOX_TOPIC_PARTITIONS, default 6).
+	TopicPartitions int
+	// TopicReplicationFactor for created topics (OUTBOX_TOPIC_REPLICATION_FACTOR,
+	// default -1: the broker's default.replication.factor).
+	TopicReplicationFactor int
+	// TopicConfigs for created topics, k=v,k=v (OUTBOX_TOPIC_CONFIGS).
+	TopicConfigs string
+
+	envs []string
+}
+
+// Bind registers every setting on fs with getenv supplying defaults.
+func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Binder {
+	b := iconfig.NewBinder(fs, getenv)
+	b.String(&c.PGDSN, "pg-dsn", "OUTBOX_PG_DSN", "", "PostgreSQL connection string (libpq URL or key=value)")
+	b.String(&c.Slot, "slot", "OUTBOX_SLOT", "outbox_slot", "logical replication slot")
+	b.String(&c.Publication, "publication", "OUTBOX_PUBLICATION", "outbox_pub", "publication to stream")
+	b.String(&c.Table, "table", "OUTBOX_TABLE", "public.outbox", "outbox table, schema-qualified")
+	b.String(&c.Snapshot, "snapshot", "OUTBOX_SNAPSHOT", "initial", "initial: publish rows already in the table when the slot is created; never: do not")
+	b.Bool(&c.AcceptSlotReset, "accept-slot-reset", "OUTBOX_ACCEPT_SLOT_RESET", false, "continue on a slot that was recreated or advanced behind the connector's back (events may have been skipped)")
+	b.String(&c.HTTPAddr, "http-addr", "OUTBOX_HTTP_ADDR", "127.0.0.1:9189", "address for /metrics, /healthz, /readyz, /leader (empty disables)")
+	b.String(&c.DLQTopic, "dlq-topic", "OUTBOX_DLQ_TOPIC", "outbox.dlq", "dead-letter topic")
+	b.Duration(&c.StatusInterval, "status-interval", "OUTBOX_STATUS_INTERVAL", time.Second, "how often the confirmed LSN is sent to PostgreSQL")
+	b.Duration(&c.StallTimeout, "stall-timeout", "OUTBOX_STALL_TIMEOUT", time.Minute, "/healthz fails when events are in flight and nothing was acked for this long")
+	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", "OUTBOX_SHUTDOWN_TIMEOUT", 30*time.Second, "deadline for the graceful stop")
+	b.Int(&c.MaxInFlight, "max-in-flight", "OUTBOX_MAX_IN_FLIGHT", 10000, "records buffered for Kafka before WAL reading pauses")
+	b.Duration(&c.LeaseTTL, "lease-ttl", "OUTBOX_LEASE_TTL", 10*time.Second, "leader lease time to live")
+	b.String(&c.LogLevel, "log-level", "OUTBOX_LOG_LEVEL", "info", "debug, info, warn or error")
+	b.String(&c.LogFormat, "log-format", "OUTBOX_LOG_FORMAT", "text", "text or json")
+	c.Kafka.Bind(b, "outbox-connector")
+	b.String(&c.Compression, "kafka-compression", "OUTBOX_KAFKA_COMPRESSION", "lz4", "producer compression: none, gzip, snappy, lz4, zstd")
+	b.Duration(&c.Linger, "kafka-linger", "OUTBOX_KAFKA_LINGER", 0, "producer linger")
+	b.Int(&c.MaxMessageBytes, "kafka-max-message-bytes", "OUTBOX_KAFKA_MAX_MESSAGE_BYTES", 1048576, "largest record; larger events go to the outbox_dead_letter table")
+	b.Bool(&c.TopicCreate, "topic-create", "OUTBOX_TOPIC_CREATE", true, "create missing topics")
+	b.Int(&c.TopicPartitions, "topic-partitions", "OUTBOX_TOPIC_PARTITIONS", 6, "partitions of created topics")
+	b.Int(&c.TopicReplicationFactor, "topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the broker's default)")
+	b.String(&c.TopicConfigs, "topic-configs", "OUTBOX_TOPIC_CONFIGS", "", "configs of created topics, k=v,k=v")
+	c.envs = b.EnvVars()
+	return b
+}
+
+// EnvVars lists every environment variable the connector reads.
+func EnvVars() []string {
+	var c Config
+	fs := flag.NewFlagSet("connector", flag.ContinueOnError)
+	c.Bind(fs, func(string) string { return "" })
+	return c.envs
+}
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// Validate checks the settings and says how to fix what is wrong.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.PGDSN == "" {
+		errs = append(errs, errors.New("OUTBOX_PG_DSN: missing; set it to postgres://user@host:5432/db"))
+	} else if _, err := pgconn.ParseConfig(c.PGDSN); err != nil {
+		errs = append(errs, fmt.Errorf("OUTBOX_PG_DSN: malformed connection string: %s", RedactError(err, c.PGDSN)))
+	}
+	// The slot and publication names reach replication commands that
+	// pglogrepl builds with Sprintf: allow only plain identifiers.
+	if !identRE.MatchString(c.Slot) {
+		errs = append(errs, fmt.Errorf("OUTBOX_SLOT: %q is not a valid slot name; use lower-case letters, digits and _ (at most 63)", c.Slot))
+	}
+	if !identRE.MatchString(c.Publication) {
+		errs = append(errs, fmt.Errorf("OUTBOX_PUBLICATION: %q is not a valid publication name; use lower-case letters, digits and _", c.Publication))
+	}
+	if _, _, err := SplitTable(c.Table); err != nil {
+		errs = append(errs, fmt.Errorf("OUTBOX_TABLE: %w", err))
+	}
+	if c.Snapshot != "initial" && c.Snapshot != "never" {
+		errs = append(errs, fmt.Errorf("OUTBOX_SNAPSHOT: %q; use initial or never", c.Snapshot))
+	}
+	if c.StatusInterval <= 0 || c.StatusInterval > 30*time.Second {
+		errs = append(errs, fmt.Errorf("OUTBOX_STATUS_INTERVAL: %s; use a duration between 1ms and 30s (well inside wal_sender_timeout)", c.StatusInterval))
+	}
+	if c.MaxInFlight < 1 {
+		errs = append(errs, fmt.Errorf("OUTBOX_MAX_IN_FLIGHT: %d; use a positive number", c.MaxInFlight))
+	}
+	if c.LeaseTTL < time.Second {
+		errs = append(errs, fmt.Errorf("OUTBOX_LEASE_TTL: %s; use at least 1s", c.LeaseTTL))
+	}
+	switch c.Compression {
+	case "none", "gzip", "snappy", "lz4", "zstd":
+	default:
+		errs = append(errs, fmt.Errorf("OUTBOX_KAFKA_COMPRESSION: %q; use none, gzip, snappy, lz4 or zstd", c.Compression))
+	}
+	if c.MaxMessageBytes < 1024 {
+		errs = append(errs, fmt.Errorf("OUTBOX_KAFKA_MAX_MESSAGE_BYTES: %d; use at least 1024", c.MaxMessageBytes))
+	}
+	if c.TopicPartitions < 1 {
+		errs = append(errs, fmt.Errorf("OUTBOX_TOPIC_PARTITIONS: %d; use at least 1", c.TopicPartitions))
+	}
+	if _, err := ParseTopicConfigs(c.TopicConfigs); err != nil {
+		errs = append(errs, fmt.Errorf("OUTBOX_TOPIC_CONFIGS: %w", err))
+	}
+	if c.DLQTopic == "" {
+		errs = append(errs, errors.New("OUTBOX_DLQ_TOPIC: empty; set a topic name such as outbox.dlq"))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("OUTBOX_LOG_LEVEL: %q; use debug, info, warn or error", c.LogLevel))
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("OUTBOX_LOG_FORMAT: %q; use text or json", c.LogFormat))
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// SplitTable splits schema.table; a bare name is in public.
+func SplitTable(t string) (schema, table string, err error) {
+	schema, table, ok := strings.Cut(t, ".")
+	if !ok {
+		schema, table = "public", t
+	}
+	if !identRE.MatchString(schema) || !identRE.MatchString(table) {
+		return "", "", fmt.Errorf("%q is not schema.table with plain lower-case identifiers", t)
+	}
+	return schema, table, nil
+}
+
+// ParseTopicConfigs parses k=v,k=v.
+func ParseTopicConfigs(s string) (map[string]*string, error) {
+	out := map[string]*string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q is not key=value", kv)
+		}
+		out[k] = &v
+	}
+	return out, nil
+}
+
+// RedactDSN removes the password from a connection string for logs.
+func RedactDSN(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		return u.String()
+	}
+	return regexp.MustCompile(`password\s*=\s*('[^']*'|\S+)`).ReplaceAllString(dsn, "password=xxxxx")
+}
+
+// RedactError removes dsn (and its password) from an error's text.
+func RedactError(err error, dsn string) string {
+	s := err.Error()
+	if dsn != "" {
+		s = strings.ReplaceAll(s, dsn, RedactDSN(dsn))
+	}
+	if cfg, perr := pgconn.ParseConfig(dsn); perr == nil && cfg.Password != "" {
+		s = strings.ReplaceAll(s, cfg.Password, "xxxxx")
+	}
+	return s
+}

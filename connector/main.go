@@ -1,0 +1,139 @@
+// Command connector relays committed outbox rows from PostgreSQL's WAL
+// (logical replication, pgoutput) to Kafka, confirming each position to
+// PostgreSQL only after Kafka acknowledged everything before it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pgoutbox/pgoutbox/connector/config"
+	"github.com/pgoutbox/pgoutbox/connector/metrics"
+	"github.com/pgoutbox/pgoutbox/connector/relay"
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "connector:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("connector", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg config.Config
+	b := cfg.Bind(fs, getenv)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if err := errors.Join(b.Err(), cfg.Validate()); err != nil {
+		return err
+	}
+	log := newLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("component", "connector")
+	m := metrics.New()
+	router, err := route.New(route.DefaultConfig())
+	if err != nil {
+		return fmt.Errorf("router settings: %w", err)
+	}
+	r := relay.New(cfg, router, log, m)
+	m.Leader.Set(0)
+
+	var srv *http.Server
+	if cfg.HTTPAddr != "" {
+		ln, err := net.Listen("tcp", cfg.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("OUTBOX_HTTP_ADDR: listen on %s: %w", cfg.HTTPAddr, err)
+		}
+		srv = &http.Server{Handler: handler(r, m), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		log.Info("serving /metrics, /healthz, /readyz, /leader", "addr", ln.Addr().String())
+	}
+	log.Info("starting", "pg", config.RedactDSN(cfg.PGDSN), "kafka", cfg.Kafka.Brokers, "slot", cfg.Slot, "publication", cfg.Publication, "table", cfg.Table)
+	leaderCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		// Without HA the instance leads while it streams.
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-leaderCtx.Done():
+				return
+			case <-t.C:
+				if r.Streaming() {
+					m.Leader.Set(1)
+				} else {
+					m.Leader.Set(0)
+				}
+			}
+		}
+	}()
+	err = r.Run(ctx)
+	if srv != nil {
+		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = srv.Shutdown(sctx)
+		c()
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func handler(r *relay.Relay, m *metrics.Metrics) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if stalled, why := r.Stalled(); stalled {
+			http.Error(w, "stalled: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if stalled, why := r.Stalled(); stalled {
+			http.Error(w, "stalled: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("/leader", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.Streaming() {
+			http.Error(w, "not leading", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "leader")
+	})
+	return mux
+}
+
+func newLogger(w io.Writer, level, format string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(level))
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

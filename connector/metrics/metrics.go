@@ -1,0 +1,87 @@
+// Package metrics holds the connector's Prometheus collectors, on a private
+// registry served at /metrics.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are the connector's collectors.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Published      *prometheus.CounterVec
+	DeadLettered   *prometheus.CounterVec
+	Ignored        *prometheus.CounterVec
+	Refused        prometheus.Counter
+	StatusUpdates  prometheus.Counter
+	Reconnects     *prometheus.CounterVec
+	CommitToAck    prometheus.Histogram
+	Leader         prometheus.Gauge
+	LeaseToken     prometheus.Gauge
+	Takeovers      prometheus.Counter
+	SnapshotEvents prometheus.Counter
+}
+
+// New registers the collectors on a new registry.
+func New() *Metrics {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{
+		Registry: r,
+		Published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_events_published_total",
+			Help: "Outbox events acknowledged by Kafka, by topic.",
+		}, []string{"topic"}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_events_dead_lettered_total",
+			Help: "Outbox events kept whole as dead letters, by intended topic, error class and sink (topic or table).",
+		}, []string{"topic", "class", "sink"}),
+		Ignored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_changes_ignored_total",
+			Help: "Decoded changes that are not outbox events (updates, deletes, truncates, other tables), by kind.",
+		}, []string{"kind"}),
+		Refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_messages_refused_total",
+			Help: "Non-transactional logical messages with prefix outbox, refused (never published).",
+		}),
+		StatusUpdates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_status_updates_total",
+			Help: "Standby status updates sent to PostgreSQL.",
+		}),
+		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_reconnects_total",
+			Help: "Reconnections after a transient failure, by target (postgres, kafka).",
+		}, []string{"target"}),
+		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_connector_commit_to_ack_seconds",
+			Help:    "Time from the event's transaction commit in PostgreSQL to Kafka's acknowledgement.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}),
+		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_connector_leader",
+			Help: "1 while this instance leads (streams the slot), 0 as a standby.",
+		}),
+		LeaseToken: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_connector_lease_token",
+			Help: "The fencing token of the lease this instance holds or last held.",
+		}),
+		Takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_takeovers_total",
+			Help: "Times this instance acquired the leader lease.",
+		}),
+		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_snapshot_events_total",
+			Help: "Rows published by initial snapshots.",
+		}),
+	}
+	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
+		m.CommitToAck, m.Leader, m.LeaseToken, m.Takeovers, m.SnapshotEvents)
+	return m
+}
+
+// GaugeFunc registers a gauge computed at scrape time.
+func (m *Metrics) GaugeFunc(name, help string, f func() float64) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+}

@@ -1,0 +1,410 @@
+// Package publish produces routed outbox events to Kafka with franz-go and
+// keeps poison events whole: unroutable ones in the DLQ topic, ones too large
+// for Kafka in the outbox_dead_letter table. A record is done for the tracker
+// only once Kafka acked it or it was durably dead-lettered.
+package publish
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/connector/metrics"
+	"github.com/pgoutbox/pgoutbox/connector/wal"
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+)
+
+// Config is what the producer needs beyond the client.
+type Config struct {
+	DLQTopic          string
+	MaxMessageBytes   int
+	TopicCreate       bool
+	TopicPartitions   int32
+	TopicReplication  int16
+	TopicConfigs      map[string]*string
+	// Headers are added to every record (the lease token).
+	Headers func() []kgo.RecordHeader
+}
+
+// Producer turns events into records and produces them.
+type Producer struct {
+	cfg     Config
+	client  *kgo.Client
+	admin   *kadm.Client
+	router  *route.Router
+	pool    *pgxpool.Pool
+	log     *slog.Logger
+	metrics *metrics.Metrics
+
+	topics map[string]bool // topics known to exist
+
+	mu      sync.Mutex
+	retry   []pending // records that failed on their own account, to re-examine
+	fatal   error
+	wake    chan struct{}
+	pubVecs sync.Map // topic -> prometheus.Counter, to skip label hashing per event
+}
+
+type pending struct {
+	ev  wal.Event
+	rec *kgo.Record
+	err error
+}
+
+// New returns a producer.
+func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Pool, log *slog.Logger, m *metrics.Metrics) *Producer {
+	return &Producer{
+		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, pool: pool, log: log, metrics: m,
+		topics: map[string]bool{}, wake: make(chan struct{}, 1),
+	}
+}
+
+// ClientOpts are the producer settings rule 1 and 3 need: idempotent, acks
+// from all in-sync replicas, retries without limit (unknown topics too),
+// bounded buffers so a slow Kafka blocks Produce instead of growing memory.
+func ClientOpts(maxBuffered, maxMessageBytes int, compression string, linger time.Duration) []kgo.Opt {
+	codec := map[string]kgo.CompressionCodec{
+		"none": kgo.NoCompression(), "gzip": kgo.GzipCompression(), "snappy": kgo.SnappyCompression(),
+		"lz4": kgo.Lz4Compression(), "zstd": kgo.ZstdCompression(),
+	}[compression]
+	return []kgo.Opt{
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.MaxBufferedRecords(maxBuffered),
+		kgo.ProducerBatchMaxBytes(int32(maxMessageBytes)),
+		kgo.ProducerBatchCompression(codec),
+		kgo.ProducerLinger(linger),
+		kgo.UnknownTopicRetries(-1),
+		// A topic just created has no leaders for a moment; the default
+		// 5s between metadata refreshes would stall its first records.
+		kgo.MetadataMinAge(250 * time.Millisecond),
+	}
+}
+
+// Fatal reports an error that is the deployment's fault (authorization,
+// authentication): the line stops instead of dead-lettering everything.
+func isFatalKafka(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) ||
+		errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
+		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
+		errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.ProducerFenced)
+}
+
+// isRecordFault reports an error caused by the record itself.
+func isRecordFault(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.InvalidTopicException) ||
+		errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord)
+}
+
+// Run produces the events from in until in is closed, then flushes. It
+// returns a *wal.FatalError when Kafka refuses the deployment; onFatal is
+// called at once so the stream stops reading.
+func (p *Producer) Run(ctx context.Context, in <-chan wal.Event, onFatal func()) error {
+	if err := p.ensureTopic(ctx, p.cfg.DLQTopic); err != nil {
+		onFatal()
+		return err
+	}
+	for {
+		if err := p.fatalErr(); err != nil {
+			onFatal()
+			return err
+		}
+		if err := p.drainRetries(ctx); err != nil {
+			onFatal()
+			return err
+		}
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				return p.flush(ctx, onFatal)
+			}
+			if err := p.handle(ctx, ev); err != nil {
+				onFatal()
+				return err
+			}
+		case <-p.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (p *Producer) flush(ctx context.Context, onFatal func()) error {
+	for {
+		if err := p.client.Flush(ctx); err != nil {
+			return fmt.Errorf("flush Kafka producer: %w", err)
+		}
+		if err := p.fatalErr(); err != nil {
+			onFatal()
+			return err
+		}
+		p.mu.Lock()
+		n := len(p.retry)
+		p.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		if err := p.drainRetries(ctx); err != nil {
+			onFatal()
+			return err
+		}
+	}
+}
+
+func (p *Producer) fatalErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fatal
+}
+
+// handle routes one event and produces it (or its dead letter).
+func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
+	if ev.Err != nil {
+		return p.deadLetter(ctx, ev, "", ev.Err)
+	}
+	rec, err := p.router.Route(ctx, ev.Row)
+	if err != nil {
+		var re *route.Error
+		if errors.As(err, &re) {
+			return p.deadLetter(ctx, ev, intendedTopic(err), err)
+		}
+		return fmt.Errorf("route event: %w", err)
+	}
+	return p.produce(ctx, ev, rec)
+}
+
+func intendedTopic(err error) string {
+	var te interface{ Topic() string }
+	if errors.As(err, &te) {
+		return te.Topic()
+	}
+	return ""
+}
+
+func recordSize(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + len(r.Topic) + 64
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 8
+	}
+	return n
+}
+
+func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) error {
+	if p.cfg.Headers != nil {
+		rec.Headers = append(rec.Headers, p.cfg.Headers()...)
+	}
+	if size := recordSize(rec); size > p.cfg.MaxMessageBytes {
+		cause := &route.Error{Class: route.ClassTooLarge, Msg: fmt.Sprintf("record of about %d bytes is over the %d-byte limit (OUTBOX_KAFKA_MAX_MESSAGE_BYTES)", size, p.cfg.MaxMessageBytes)}
+		return p.deadLetterTable(ctx, ev, rec.Topic, cause)
+	}
+	if !p.topics[rec.Topic] {
+		if err := p.ensureTopic(ctx, rec.Topic); err != nil {
+			if errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidConfig) {
+				return p.deadLetter(ctx, ev, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka refused to create the topic", Err: err})
+			}
+			return err
+		}
+	}
+	p.client.Produce(ctx, rec, func(r *kgo.Record, err error) { p.done(ev, r, err) })
+	return nil
+}
+
+// done is the promise: it must not block (franz-go calls promises serially).
+func (p *Producer) done(ev wal.Event, r *kgo.Record, err error) {
+	if err == nil {
+		p.published(r.Topic).Inc()
+		if !ev.Row.Source.CommitTime.IsZero() {
+			p.metrics.CommitToAck.Observe(time.Since(ev.Row.Source.CommitTime).Seconds())
+		}
+		ev.Txn.Done()
+		return
+	}
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, kgo.ErrClientClosed):
+		// Shutting down: the record stays unacked and is read again.
+		return
+	case isFatalKafka(err):
+		p.mu.Lock()
+		if p.fatal == nil {
+			p.fatal = &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics, IDEMPOTENT_WRITE on the cluster)", r.Topic), Err: err}
+		}
+		p.mu.Unlock()
+	default:
+		p.mu.Lock()
+		p.retry = append(p.retry, pending{ev: ev, rec: r, err: err})
+		p.mu.Unlock()
+	}
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *Producer) published(topic string) interface{ Inc() } {
+	if c, ok := p.pubVecs.Load(topic); ok {
+		return c.(interface{ Inc() })
+	}
+	c := p.metrics.Published.WithLabelValues(topic)
+	p.pubVecs.Store(topic, c)
+	return c
+}
+
+// drainRetries re-examines records that failed on their own: a record at
+// fault goes to the dead letters; one that failed only because it shared a
+// batch with a poison record is produced again.
+func (p *Producer) drainRetries(ctx context.Context) error {
+	p.mu.Lock()
+	batch := p.retry
+	p.retry = nil
+	p.mu.Unlock()
+	for _, pr := range batch {
+		r := pr.rec
+		switch {
+		case errors.Is(pr.err, kerr.InvalidTopicException):
+			if err := p.deadLetter(ctx, pr.ev, r.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: pr.err}); err != nil {
+				return err
+			}
+		case isRecordFault(pr.err) && recordSize(r) > p.cfg.MaxMessageBytes/2:
+			// The broker's limit is below ours and this record is large:
+			// it is the one at fault.
+			if err := p.deadLetterTable(ctx, pr.ev, r.Topic, &route.Error{Class: route.ClassTooLarge, Msg: "Kafka rejected the record as too large", Err: pr.err}); err != nil {
+				return err
+			}
+		default:
+			p.log.Warn("re-producing a record that failed", "topic", r.Topic, "err", pr.err)
+			rec := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+			p.client.Produce(ctx, rec, func(r *kgo.Record, err error) { p.done(pr.ev, r, err) })
+		}
+	}
+	return nil
+}
+
+// ensureTopic creates a missing topic, retrying transient failures until ctx
+// ends.
+func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
+	if p.topics[topic] {
+		return nil
+	}
+	if !p.cfg.TopicCreate {
+		p.topics[topic] = true
+		return nil
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		resp, err := p.admin.CreateTopic(ctx, p.cfg.TopicPartitions, p.cfg.TopicReplication, p.cfg.TopicConfigs, topic)
+		if err == nil {
+			err = resp.Err
+		}
+		switch {
+		case err == nil:
+			p.log.Info("created topic", "topic", topic, "partitions", p.cfg.TopicPartitions)
+			p.topics[topic] = true
+			return nil
+		case errors.Is(err, kerr.TopicAlreadyExists):
+			p.topics[topic] = true
+			return nil
+		case isFatalKafka(err):
+			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to create topic %q; grant CREATE, or create the topics yourself and set OUTBOX_TOPIC_CREATE=false", topic), Err: err}
+		case errors.Is(err, kerr.InvalidTopicException):
+			return err
+		}
+		p.log.Warn("create topic failed; retrying", "topic", topic, "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// deadLetter produces the DLQ record for an event; a DLQ record too large
+// for Kafka goes to the table instead.
+func (p *Producer) deadLetter(ctx context.Context, ev wal.Event, intended string, cause error) error {
+	rec := route.DeadLetter(ev.Row, intended, cause, p.cfg.DLQTopic)
+	if p.cfg.Headers != nil {
+		rec.Headers = append(rec.Headers, p.cfg.Headers()...)
+	}
+	if recordSize(rec) > p.cfg.MaxMessageBytes {
+		return p.deadLetterTable(ctx, ev, intended, cause)
+	}
+	class := classOf(cause)
+	p.log.Warn("dead-lettering an event to the DLQ topic", "topic", intended, "dlq", p.cfg.DLQTopic, "class", class, "lsn", wal.FormatLSN(ev.Row.Source.LSN), "err", cause)
+	p.metrics.DeadLettered.WithLabelValues(intended, class, "topic").Inc()
+	p.client.Produce(ctx, rec, func(r *kgo.Record, err error) {
+		if err == nil {
+			ev.Txn.Done()
+			return
+		}
+		p.done(ev, r, err)
+	})
+	return nil
+}
+
+func classOf(err error) string {
+	var re *route.Error
+	if errors.As(err, &re) {
+		return string(re.Class)
+	}
+	return "unknown"
+}
+
+const insertDeadLetter = `
+INSERT INTO public.outbox_dead_letter (id, aggregatetype, aggregateid, type, payload, row_data, topic, error, error_class, source_lsn)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::pg_lsn)
+ON CONFLICT (id) DO NOTHING`
+
+// deadLetterTable keeps an event whole in outbox_dead_letter (synchronously,
+// retrying until it is stored: it is acked only once durable).
+func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, intended string, cause error) error {
+	row := ev.Row
+	col := func(name string) *string {
+		if c := row.Lookup(name); c != nil && !c.Null {
+			s := string(c.Value)
+			return &s
+		}
+		return nil
+	}
+	obj := make(map[string]*string, len(row.Columns))
+	for _, c := range row.Columns {
+		obj[c.Name] = col(c.Name)
+	}
+	data, _ := json.Marshal(obj)
+	id := col("id")
+	if id == nil {
+		s := "lsn:" + strconv.FormatUint(row.Source.LSN, 10)
+		id = &s
+	}
+	class := classOf(cause)
+	backoff := 100 * time.Millisecond
+	for {
+		_, err := p.pool.Exec(ctx, insertDeadLetter, *id, col("aggregatetype"), col("aggregateid"), col("type"), col("payload"),
+			data, intended, cause.Error(), class, wal.FormatLSN(row.Source.LSN))
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		p.log.Warn("storing a dead letter in outbox_dead_letter failed; retrying", "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	p.log.Warn("dead-lettered an event to the outbox_dead_letter table", "id", *id, "topic", intended, "class", class, "lsn", wal.FormatLSN(row.Source.LSN), "err", cause)
+	p.metrics.DeadLettered.WithLabelValues(intended, class, "table").Inc()
+	ev.Txn.Done()
+	return nil
+}

@@ -1,0 +1,222 @@
+// Package tracker keeps the connector's three WAL positions apart:
+// received (what the stream has read), acked (everything up to it is in
+// Kafka or durably dead-lettered) and confirmed (what PostgreSQL was told).
+// Confusing them loses events (go-pq-cdc #107, Eventuate): a keepalive's WAL
+// end may only be acked when nothing received is still in flight.
+package tracker
+
+import (
+	"sync"
+	"time"
+)
+
+// LSN is a WAL position.
+type LSN = uint64
+
+// Txn is one decoded transaction's bookkeeping: how many of its records are
+// still unacknowledged and whether its commit has been received.
+type Txn struct {
+	t         *Tracker
+	end       LSN // commit end LSN; known at Begin for protocol v1 (final LSN) and fixed at Commit
+	pending   int
+	committed bool
+	abandoned bool
+	events    bool
+	since     time.Time // when Begin was read, for the oldest-unacked age
+}
+
+// Tracker is safe for concurrent use: the stream goroutine adds, producer
+// promises complete.
+type Tracker struct {
+	mu        sync.Mutex
+	queue     []*Txn // transactions not yet fully acked, in commit order
+	head      int
+	acked     LSN
+	received  LSN
+	lastEvent LSN // commit end of the newest transaction that carried events
+	inFlight  int // records handed to Kafka and not yet acked
+	changed   chan struct{}
+}
+
+// New returns a tracker whose positions start at start (the slot's
+// confirmed position: everything before it is already in Kafka).
+func New(start LSN) *Tracker {
+	return &Tracker{acked: start, received: start, changed: make(chan struct{}, 1)}
+}
+
+// Changed is signalled (without blocking) whenever the acked position or the
+// in-flight count changes, so a waiter can re-check.
+func (t *Tracker) Changed() <-chan struct{} { return t.changed }
+
+func (t *Tracker) signal() {
+	select {
+	case t.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Begin registers a transaction whose commit ends at end.
+func (t *Tracker) Begin(end LSN) *Txn {
+	tx := &Txn{t: t, end: end, since: time.Now()}
+	t.mu.Lock()
+	t.queue = append(t.queue, tx)
+	t.mu.Unlock()
+	return tx
+}
+
+// Add counts one more record of tx handed to Kafka.
+func (tx *Txn) Add() {
+	t := tx.t
+	t.mu.Lock()
+	tx.pending++
+	tx.events = true
+	t.inFlight++
+	t.mu.Unlock()
+}
+
+// Done marks one record of tx as acked (or durably dead-lettered).
+func (tx *Txn) Done() {
+	t := tx.t
+	t.mu.Lock()
+	tx.pending--
+	t.inFlight--
+	if tx.pending < 0 {
+		t.mu.Unlock()
+		panic("tracker: Done called more often than Add")
+	}
+	t.advanceLocked()
+	t.mu.Unlock()
+	t.signal()
+}
+
+// Abandon withdraws one record of tx that was counted with Add but never
+// handed to Kafka (the stream stopped). The transaction can then never be
+// acked: its commit will be read again from the slot.
+func (tx *Txn) Abandon() {
+	t := tx.t
+	t.mu.Lock()
+	tx.pending--
+	t.inFlight--
+	tx.abandoned = true
+	t.mu.Unlock()
+	t.signal()
+}
+
+// Reset forgets every transaction that is not acked, once nothing is in
+// flight: after a stream ends, the next one re-reads them from the slot's
+// confirmed position. received falls back to acked.
+func (t *Tracker) Reset() {
+	t.mu.Lock()
+	clear(t.queue)
+	t.queue = t.queue[:0]
+	t.head = 0
+	t.inFlight = 0
+	t.received = t.acked
+	t.mu.Unlock()
+	t.signal()
+}
+
+// Commit marks tx's commit as received, at end (its end LSN).
+func (tx *Txn) Commit(end LSN) {
+	t := tx.t
+	t.mu.Lock()
+	if end > tx.end {
+		tx.end = end
+	}
+	tx.committed = true
+	if tx.end > t.received {
+		t.received = tx.end
+	}
+	t.advanceLocked()
+	t.mu.Unlock()
+	t.signal()
+}
+
+// advanceLocked moves acked past every leading transaction that is committed
+// and has nothing pending.
+func (t *Tracker) advanceLocked() {
+	for t.head < len(t.queue) {
+		tx := t.queue[t.head]
+		if !tx.committed || tx.pending > 0 || tx.abandoned {
+			break
+		}
+		if tx.end > t.acked {
+			t.acked = tx.end
+		}
+		if tx.events && tx.end > t.lastEvent {
+			t.lastEvent = tx.end
+		}
+		t.queue[t.head] = nil
+		t.head++
+	}
+	if t.head == len(t.queue) {
+		t.queue = t.queue[:0]
+		t.head = 0
+	} else if t.head > 1024 && t.head*2 > len(t.queue) {
+		n := copy(t.queue, t.queue[t.head:])
+		clear(t.queue[n:])
+		t.queue = t.queue[:n]
+		t.head = 0
+	}
+}
+
+// ServerWALEnd records the WAL end a keepalive reported. Only when nothing
+// received is still open or in flight does it become acked: the walsender
+// sends a keepalive's position only after every transaction committed before
+// it, and the stream reads in order, so an empty queue means nothing before
+// walEnd is outstanding. It must be called by the goroutine that reads the
+// stream, in stream order.
+func (t *Tracker) ServerWALEnd(walEnd LSN) {
+	t.mu.Lock()
+	if walEnd > t.received {
+		t.received = walEnd
+	}
+	if t.head == len(t.queue) && walEnd > t.acked {
+		t.acked = walEnd
+		t.mu.Unlock()
+		t.signal()
+		return
+	}
+	t.mu.Unlock()
+}
+
+// Positions is a consistent view of the tracker.
+type Positions struct {
+	Received  LSN
+	Acked     LSN
+	LastEvent LSN // commit end of the newest fully acked transaction with events
+	InFlight  int // records handed to Kafka, not yet acked
+	OpenTxns  int // transactions received but not yet fully acked
+}
+
+// Positions returns the current positions.
+func (t *Tracker) Positions() Positions {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return Positions{Received: t.received, Acked: t.acked, LastEvent: t.lastEvent, InFlight: t.inFlight, OpenTxns: len(t.queue) - t.head}
+}
+
+// OldestOpen is when the oldest transaction not yet acked was read (zero
+// when none is open).
+func (t *Tracker) OldestOpen() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head == len(t.queue) {
+		return time.Time{}
+	}
+	return t.queue[t.head].since
+}
+
+// Acked returns the acked position.
+func (t *Tracker) Acked() LSN {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.acked
+}
+
+// Idle reports whether nothing is open or in flight.
+func (t *Tracker) Idle() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.head == len(t.queue)
+}

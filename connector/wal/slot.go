@@ -1,0 +1,169 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// FatalError is an error the connector must not retry: it names the cause
+// and the operator's way out, and the process exits non-zero.
+type FatalError struct {
+	Msg string
+	Err error
+}
+
+func (e *FatalError) Error() string {
+	if e.Err != nil {
+		return e.Msg + ": " + e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *FatalError) Unwrap() error { return e.Err }
+
+// Fatalf returns a FatalError.
+func Fatalf(format string, args ...any) error {
+	return &FatalError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// IsFatal reports whether err must stop the connector rather than be retried.
+// Authentication and authorization failures are the deployment's fault:
+// retrying only fills logs (SQLSTATE class 28, and 42501 insufficient
+// privilege); a missing database (3D000) likewise. Everything else from the
+// network or a restarting server (class 08, 57P01..57P03, io errors) is
+// transient and retried with backoff.
+func IsFatal(err error) bool {
+	var fe *FatalError
+	if errors.As(err, &fe) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "28"), pgErr.Code == "42501", pgErr.Code == "3D000":
+			return true
+		}
+	}
+	return false
+}
+
+// SlotInfo is a row of pg_replication_slots.
+type SlotInfo struct {
+	Name           string
+	Plugin         string
+	SlotType       string
+	Database       string
+	ConfirmedFlush uint64
+	RestartLSN     uint64
+	WALStatus      string
+	Active         bool
+	ActivePID      int32
+}
+
+const querySlot = `
+SELECT coalesce(plugin, ''), slot_type, coalesce(database, ''),
+       coalesce(confirmed_flush_lsn, '0/0'::pg_lsn)::text, coalesce(restart_lsn, '0/0'::pg_lsn)::text,
+       coalesce(wal_status, ''), active, coalesce(active_pid, 0)
+FROM pg_replication_slots WHERE slot_name = $1`
+
+// GetSlot reads the slot; ok is false when it does not exist.
+func GetSlot(ctx context.Context, conn *pgx.Conn, name string) (SlotInfo, bool, error) {
+	s := SlotInfo{Name: name}
+	var confirmed, restart string
+	err := conn.QueryRow(ctx, querySlot, name).Scan(&s.Plugin, &s.SlotType, &s.Database, &confirmed, &restart, &s.WALStatus, &s.Active, &s.ActivePID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, false, nil
+	}
+	if err != nil {
+		return s, false, fmt.Errorf("read slot %q from pg_replication_slots: %w", name, err)
+	}
+	c, _ := pglogrepl.ParseLSN(confirmed)
+	r, _ := pglogrepl.ParseLSN(restart)
+	s.ConfirmedFlush, s.RestartLSN = uint64(c), uint64(r)
+	return s, true, nil
+}
+
+// CheckSlot refuses a slot the connector cannot stream from.
+func CheckSlot(s SlotInfo, db string) error {
+	switch {
+	case s.SlotType != "logical":
+		return Fatalf("slot %q is a %s slot; the connector needs a logical slot with plugin pgoutput. Choose another OUTBOX_SLOT", s.Name, s.SlotType)
+	case s.Plugin != "pgoutput":
+		return Fatalf("slot %q uses plugin %q; the connector needs pgoutput. Choose another OUTBOX_SLOT, or drop the slot (SELECT pg_drop_replication_slot('%s')) knowing that events not yet read from it are lost", s.Name, s.Plugin, s.Name)
+	case s.Database != db:
+		return Fatalf("slot %q belongs to database %q, but OUTBOX_PG_DSN connects to %q", s.Name, s.Database, db)
+	case s.WALStatus == "lost":
+		return Fatalf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events were skipped. "+
+			"Recover the missing events from the outbox table if it still holds them, then drop the slot (SELECT pg_drop_replication_slot('%s')) and restart the connector to create a new one with an initial snapshot; raise max_slot_wal_keep_size and watch slotwatch's alerts to prevent it", s.Name, s.Name)
+	}
+	return nil
+}
+
+const queryPublication = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`
+
+const queryPublicationTable = `
+SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`
+
+// EnsurePublication checks that the publication exists and carries the
+// outbox table, creating it (inserts only) when it is missing and the role
+// may. It returns whether it created the publication.
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table string) (bool, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, queryPublication, pub).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look up publication %q: %w", pub, err)
+	}
+	createSQL := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = 'insert')", pub, schema, table)
+	if !exists {
+		if _, err := conn.Exec(ctx, createSQL); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "42P01") {
+				return false, Fatalf("publication %q does not exist and this role cannot create it (%s). Run as the table's owner: %s;", pub, pgErr.Message, createSQL)
+			}
+			return false, fmt.Errorf("create publication %q: %w", pub, err)
+		}
+		return true, nil
+	}
+	var has bool
+	if err := conn.QueryRow(ctx, queryPublicationTable, pub, schema, table).Scan(&has); err != nil {
+		return false, fmt.Errorf("check publication %q for %s.%s: %w", pub, schema, table, err)
+	}
+	if !has {
+		return false, Fatalf("publication %q does not include %s.%s; run: ALTER PUBLICATION %s ADD TABLE %s.%s;", pub, schema, table, pub, schema, table)
+	}
+	return false, nil
+}
+
+// CreateSlot creates the logical slot with pgoutput on the replication
+// connection, exporting a snapshot when export is true. The snapshot stays
+// valid only until the next command on rconn.
+func CreateSlot(ctx context.Context, rconn *pgconn.PgConn, slot string, export bool) (consistent uint64, snapshot string, err error) {
+	action := "NOEXPORT_SNAPSHOT"
+	if export {
+		action = "EXPORT_SNAPSHOT"
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Mode:           pglogrepl.LogicalReplication,
+		SnapshotAction: action,
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return 0, "", Fatalf("slot %q does not exist and this role may not create it (%s). Grant REPLICATION (ALTER ROLE <role> REPLICATION) or create it: SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, pgErr.Message, slot)
+		}
+		return 0, "", fmt.Errorf("create replication slot %q: %w", slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return 0, "", fmt.Errorf("parse consistent point %q: %w", res.ConsistentPoint, err)
+	}
+	return uint64(lsn), res.SnapshotName, nil
+}
+
+// FormatLSN writes an LSN as PostgreSQL does.
+func FormatLSN(lsn uint64) string { return pglogrepl.LSN(lsn).String() }

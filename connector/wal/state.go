@@ -1,0 +1,125 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// State is the connector's promise about its slot, kept in
+// outbox_connector_state: the position it confirmed (written durably before
+// the confirmation is sent, never moving backwards), the cluster it belongs
+// to, and whether the initial snapshot completed.
+type State struct {
+	Slot         string
+	SystemID     string
+	Confirmed    uint64
+	SnapshotDone bool
+}
+
+const stateDDL = `
+CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
+    slot_name          text        PRIMARY KEY,
+    system_identifier  text        NOT NULL,
+    confirmed_lsn      pg_lsn      NOT NULL,
+    snapshot_done      boolean     NOT NULL DEFAULT false,
+    updated_at         timestamptz NOT NULL DEFAULT now()
+)`
+
+const queryState = `
+SELECT system_identifier, confirmed_lsn::text, snapshot_done
+FROM public.outbox_connector_state WHERE slot_name = $1`
+
+// The confirmed position only moves forward (GREATEST), so a late or
+// repeated write can never make the check at start pass falsely.
+const upsertState = `
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, now())
+ON CONFLICT (slot_name) DO UPDATE SET
+    system_identifier = EXCLUDED.system_identifier,
+    confirmed_lsn = GREATEST(outbox_connector_state.confirmed_lsn, EXCLUDED.confirmed_lsn),
+    snapshot_done = outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done,
+    updated_at = now()`
+
+// resetState is the one write that may move backwards: the operator accepted
+// a slot reset (OUTBOX_ACCEPT_SLOT_RESET) or the slot was recreated.
+const resetState = `
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, now())
+ON CONFLICT (slot_name) DO UPDATE SET
+    system_identifier = EXCLUDED.system_identifier,
+    confirmed_lsn = EXCLUDED.confirmed_lsn,
+    snapshot_done = EXCLUDED.snapshot_done,
+    updated_at = now()`
+
+// EnsureStateTable creates the state table when sql/ was not applied and the
+// role may; otherwise it says what to run.
+func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('public.outbox_connector_state') IS NOT NULL`).Scan(&exists); err != nil {
+		return fmt.Errorf("look up outbox_connector_state: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, stateDDL); err != nil {
+		return &FatalError{Msg: "the state table public.outbox_connector_state is missing and this role cannot create it; apply sql/004_connector_state.sql", Err: err}
+	}
+	return nil
+}
+
+// LoadState reads the slot's state row; ok is false when there is none.
+func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, error) {
+	st := State{Slot: slot}
+	var lsn string
+	err := conn.QueryRow(ctx, queryState, slot).Scan(&st.SystemID, &lsn, &st.SnapshotDone)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, fmt.Errorf("read connector state for slot %q: %w", slot, err)
+	}
+	l, err := pglogrepl.ParseLSN(lsn)
+	if err != nil {
+		return st, false, fmt.Errorf("parse state LSN %q: %w", lsn, err)
+	}
+	st.Confirmed = uint64(l)
+	return st, true, nil
+}
+
+// SaveState writes st, never moving the confirmed position backwards.
+func SaveState(ctx context.Context, conn *pgx.Conn, st State) error {
+	if _, err := conn.Exec(ctx, upsertState, st.Slot, st.SystemID, FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
+		return fmt.Errorf("save connector state for slot %q at %s: %w", st.Slot, FormatLSN(st.Confirmed), err)
+	}
+	return nil
+}
+
+// ResetState overwrites the state row (accepted slot reset, new slot).
+func ResetState(ctx context.Context, conn *pgx.Conn, st State) error {
+	if _, err := conn.Exec(ctx, resetState, st.Slot, st.SystemID, FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
+		return fmt.Errorf("reset connector state for slot %q: %w", st.Slot, err)
+	}
+	return nil
+}
+
+// CheckSlotAgainstState fails closed when the slot moved behind the
+// connector's back: a different cluster, or a confirmed position beyond
+// anything the connector promised (advanced, or dropped and recreated).
+func CheckSlotAgainstState(s SlotInfo, st State, systemID string) error {
+	if st.SystemID != systemID {
+		return Fatalf("slot %q: the state row was written on PostgreSQL system %s but this server is system %s (restored from a backup, or a new cluster?): events may have been skipped. "+
+			"Check the outbox for events that never reached Kafka, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to continue from the slot's position",
+			s.Name, st.SystemID, systemID)
+	}
+	if s.ConfirmedFlush > st.Confirmed {
+		return Fatalf("slot %q was moved behind the connector's back: its confirmed position is %s but the connector only ever confirmed %s "+
+			"(advanced with pg_replication_slot_advance, consumed by another client, or dropped and recreated). Events between the two positions may never have been published. "+
+			"Check the outbox table for events in that range, re-publish what is missing, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to continue from %s",
+			s.Name, FormatLSN(s.ConfirmedFlush), FormatLSN(st.Confirmed), FormatLSN(s.ConfirmedFlush))
+	}
+	return nil
+}

@@ -1,0 +1,432 @@
+package wal
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgoutbox/pgoutbox/connector/tracker"
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+)
+
+// Event is one outbox event read from the WAL, handed to the producer. When
+// Err is set the event is poison (a malformed table-less message) and must be
+// dead-lettered with Row holding what was read.
+type Event struct {
+	Txn *tracker.Txn
+	Row *route.Row
+	Err error
+}
+
+// Counters the stream reports; the relay turns them into metrics.
+type Counters struct {
+	// Ignored counts changes that are not outbox inserts, by kind
+	// (update, delete, truncate, other-table).
+	Ignored func(kind string)
+	// Refused counts non-transactional outbox messages (never published).
+	Refused func()
+	// Status counts status updates sent.
+	Status func()
+}
+
+// Stream reads the slot with pgoutput and hands outbox events to Out. One
+// goroutine (the one calling Run and then Finish) owns the replication
+// connection: nothing else writes to it (go-pq-cdc #142).
+type Stream struct {
+	Conn        *pgconn.PgConn
+	Slot        string
+	Publication string
+	Schema      string
+	Table       string
+	// Messages asks pgoutput for logical decoding messages (PostgreSQL 14+).
+	Messages bool
+	Tracker  *tracker.Tracker
+	Out      chan<- Event
+	// Confirmable returns the position that may be confirmed: acked, and
+	// already recorded durably in the state row.
+	Confirmable    func() uint64
+	StatusInterval time.Duration
+	Log            *slog.Logger
+	Counters       Counters
+
+	rels          map[uint32]*relation
+	cols          []TupleColumn
+	txn           *tracker.Txn
+	begin         Begin
+	walEnd        uint64 // newest server WAL end seen (keepalives and data)
+	lastCommitEnd uint64
+	nextStatus    time.Time
+	sentFlush     uint64
+}
+
+type relation struct {
+	*Relation
+	outbox bool
+}
+
+var outboxPrefix = []byte("outbox")
+
+// Run starts replication at start and streams until ctx is done (it then
+// returns nil, having stopped reading: call Finish) or the stream fails.
+func (s *Stream) Run(ctx context.Context, start uint64) error {
+	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", s.Publication)}
+	if s.Messages {
+		args = append(args, "messages 'true'")
+	}
+	if err := pglogrepl.StartReplication(ctx, s.Conn, s.Slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication, PluginArgs: args,
+	}); err != nil {
+		return classifyStart(s.Slot, s.Publication, err)
+	}
+	s.rels = make(map[uint32]*relation)
+	s.walEnd = start
+	s.sentFlush = 0
+	s.nextStatus = time.Now()
+	// A cancelled ctx interrupts a blocked read at once; the read deadline is
+	// the only thing touched from another goroutine, and net.Conn allows it.
+	stop := context.AfterFunc(ctx, func() { _ = s.Conn.Conn().SetReadDeadline(time.Now()) })
+	defer stop()
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		now := time.Now()
+		if !now.Before(s.nextStatus) {
+			if err := s.sendStatus(); err != nil {
+				return err
+			}
+		}
+		_ = s.Conn.Conn().SetReadDeadline(s.nextStatus)
+		msg, err := s.Conn.ReceiveMessage(context.Background())
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if isTimeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive from slot %q: %w", s.Slot, err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handleCopyData(ctx, m.Data); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return classifyStream(s.Slot, pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("server ended the replication stream of slot %q", s.Slot)
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || pgconn.Timeout(err)
+}
+
+func (s *Stream) handleCopyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return fmt.Errorf("%w: empty CopyData", ErrMalformed)
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := decodeKeepalive(data[1:])
+		if err != nil {
+			return err
+		}
+		if ka.WALEnd > s.walEnd {
+			s.walEnd = ka.WALEnd
+		}
+		// Between Begin and Commit the tracker has an open transaction, so
+		// this cannot ack past it.
+		s.Tracker.ServerWALEnd(ka.WALEnd)
+		if ka.ReplyRequested {
+			return s.sendStatus()
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+		x, err := decodeXLogData(data[1:])
+		if err != nil {
+			return err
+		}
+		if x.WALEnd > s.walEnd {
+			s.walEnd = x.WALEnd
+		}
+		return s.handleMessage(ctx, x.WALStart, x.Data)
+	default:
+		return nil
+	}
+}
+
+func (s *Stream) handleMessage(ctx context.Context, lsn uint64, b []byte) error {
+	body := b[1:]
+	switch b[0] {
+	case msgBegin:
+		m, err := decodeBegin(body)
+		if err != nil {
+			return err
+		}
+		if s.txn != nil {
+			return fmt.Errorf("%w: begin inside an open transaction", ErrMalformed)
+		}
+		s.begin = m
+		s.txn = s.Tracker.Begin(m.FinalLSN)
+	case msgCommit:
+		m, err := decodeCommit(body)
+		if err != nil {
+			return err
+		}
+		if s.txn == nil {
+			return fmt.Errorf("%w: commit without begin", ErrMalformed)
+		}
+		s.txn.Commit(m.EndLSN)
+		s.txn = nil
+		s.lastCommitEnd = m.EndLSN
+		// Status updates go out on time even while data flows.
+		if !time.Now().Before(s.nextStatus) {
+			return s.sendStatus()
+		}
+	case msgRelation:
+		rel, err := decodeRelation(body)
+		if err != nil {
+			return err
+		}
+		s.rels[rel.ID] = &relation{Relation: rel, outbox: rel.Namespace == s.Schema && rel.Name == s.Table}
+	case msgInsert:
+		relID, cols, err := decodeInsert(body, s.cols)
+		s.cols = cols
+		if err != nil {
+			return err
+		}
+		rel := s.rels[relID]
+		if rel == nil {
+			return fmt.Errorf("%w: insert for relation %d before its relation message", ErrMalformed, relID)
+		}
+		if !rel.outbox {
+			s.count("other-table")
+			return nil
+		}
+		if s.txn == nil {
+			return fmt.Errorf("%w: insert outside a transaction", ErrMalformed)
+		}
+		row, err := s.row(rel, cols, lsn)
+		if err != nil {
+			return err
+		}
+		return s.emit(ctx, Event{Txn: s.txn, Row: row})
+	case msgUpdate:
+		s.count("update")
+	case msgDelete:
+		s.count("delete")
+	case msgTruncate:
+		s.count("truncate")
+	case msgMessage:
+		m, err := decodeMessage(body)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(m.Prefix, outboxPrefix) {
+			s.count("message-other-prefix")
+			return nil
+		}
+		if !m.Transactional || s.txn == nil {
+			// Delivered even when its transaction rolls back: publishing it
+			// could emit a phantom event.
+			s.Log.Warn("refused a non-transactional logical message with prefix outbox; use pg_logical_emit_message(true, 'outbox', ...)",
+				"lsn", FormatLSN(m.LSN))
+			if s.Counters.Refused != nil {
+				s.Counters.Refused()
+			}
+			return nil
+		}
+		src := s.source(m.LSN)
+		src.Message = true
+		row, rerr := route.RowFromMessage(m.Content, src)
+		if rerr != nil {
+			content := append([]byte(nil), m.Content...)
+			row = &route.Row{Source: src, Columns: []route.Column{{Name: "content", Type: route.OIDText, Value: content}}}
+			return s.emit(ctx, Event{Txn: s.txn, Row: row, Err: rerr})
+		}
+		return s.emit(ctx, Event{Txn: s.txn, Row: row})
+	case msgOrigin, msgType:
+	default:
+		return fmt.Errorf("%w: unknown pgoutput message type %q", ErrMalformed, b[0])
+	}
+	return nil
+}
+
+func (s *Stream) count(kind string) {
+	if s.Counters.Ignored != nil {
+		s.Counters.Ignored(kind)
+	}
+}
+
+func (s *Stream) source(lsn uint64) route.Source {
+	return route.Source{LSN: lsn, CommitLSN: s.begin.FinalLSN, CommitTime: s.begin.CommitTime, Table: s.Schema + "." + s.Table}
+}
+
+// row copies a tuple out of the connection's buffer (reused by the next
+// read) into one allocation.
+func (s *Stream) row(rel *relation, cols []TupleColumn, lsn uint64) (*route.Row, error) {
+	if len(cols) != len(rel.Columns) {
+		return nil, fmt.Errorf("%w: insert has %d columns, relation %s.%s has %d", ErrMalformed, len(cols), rel.Namespace, rel.Name, len(rel.Columns))
+	}
+	n := 0
+	for _, c := range cols {
+		n += len(c.Data)
+	}
+	buf := make([]byte, 0, n)
+	row := &route.Row{Columns: make([]route.Column, len(cols)), Source: s.source(lsn)}
+	for i, c := range cols {
+		rc := &row.Columns[i]
+		rc.Name = rel.Columns[i].Name
+		rc.Type = rel.Columns[i].Type
+		switch c.Kind {
+		case 'n', 'u':
+			rc.Null = true
+		default:
+			start := len(buf)
+			buf = append(buf, c.Data...)
+			rc.Value = buf[start:len(buf):len(buf)]
+		}
+	}
+	return row, nil
+}
+
+// emit hands an event to the producer. While the producer is full the
+// stream stops reading but keeps sending status updates, so the walsender
+// does not time out (rule 6).
+func (s *Stream) emit(ctx context.Context, ev Event) error {
+	ev.Txn.Add()
+	select {
+	case s.Out <- ev:
+		return nil
+	default:
+	}
+	for {
+		wait := time.Until(s.nextStatus)
+		if wait < 0 {
+			wait = 0
+		}
+		t := time.NewTimer(wait)
+		select {
+		case s.Out <- ev:
+			t.Stop()
+			return nil
+		case <-t.C:
+			if err := s.sendStatus(); err != nil {
+				ev.Txn.Abandon()
+				return err
+			}
+		case <-ctx.Done():
+			t.Stop()
+			ev.Txn.Abandon()
+			return ctx.Err()
+		}
+	}
+}
+
+// sendStatus reports the confirmable position as flushed. The write
+// position is the newest WAL end seen, so the walsender does not keep
+// sending keepalives for WAL we already know about.
+func (s *Stream) sendStatus() error {
+	flush := s.Confirmable()
+	if flush > s.walEnd {
+		flush = s.walEnd
+	}
+	if flush < s.sentFlush {
+		flush = s.sentFlush
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.Conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pglogrepl.LSN(s.walEnd),
+		WALFlushPosition: pglogrepl.LSN(flush),
+		WALApplyPosition: pglogrepl.LSN(flush),
+		ClientTime:       time.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("send status update to slot %q: %w", s.Slot, err)
+	}
+	s.sentFlush = flush
+	s.nextStatus = time.Now().Add(s.StatusInterval)
+	if s.Counters.Status != nil {
+		s.Counters.Status()
+	}
+	return nil
+}
+
+// SentFlush is the last position reported to the server as flushed.
+func (s *Stream) SentFlush() uint64 { return s.sentFlush }
+
+// Finish ends a stream whose Run returned because its ctx was cancelled:
+// it waits (until ctx is done) for every committed transaction to be acked,
+// lets persist record the final position durably, sends it, and ends the copy
+// stream, waiting for the server's answer so that the position is known to
+// have arrived (go-pq-cdc #148).
+func (s *Stream) Finish(ctx context.Context, persist func(context.Context) uint64) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(30 * time.Second)
+	}
+	for s.Tracker.Acked() < s.lastCommitEnd && ctx.Err() == nil {
+		select {
+		case <-s.Tracker.Changed():
+		case <-time.After(time.Until(s.nextStatus)):
+		case <-ctx.Done():
+		}
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.sendStatus(); err != nil {
+				return err
+			}
+		}
+	}
+	if persist != nil {
+		persist(ctx)
+	}
+	if err := s.sendStatus(); err != nil {
+		return err
+	}
+	_ = s.Conn.Conn().SetReadDeadline(deadline)
+	defer func() { _ = s.Conn.Conn().SetReadDeadline(time.Time{}) }()
+	if _, err := pglogrepl.SendStandbyCopyDone(ctx, s.Conn); err != nil {
+		return fmt.Errorf("end the replication stream of slot %q: %w", s.Slot, err)
+	}
+	return nil
+}
+
+// classifyStart turns START_REPLICATION errors into fatal ones where the
+// operator must act.
+func classifyStart(slot, pub string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42704": // undefined_object: slot or publication missing
+			if bytes.Contains([]byte(pgErr.Message), []byte("publication")) {
+				return &FatalError{Msg: fmt.Sprintf("publication %q does not exist; create it: CREATE PUBLICATION %s FOR TABLE public.outbox WITH (publish = 'insert');", pub, pub), Err: err}
+			}
+			return &FatalError{Msg: fmt.Sprintf("replication slot %q does not exist (dropped while the connector ran?): events may have been skipped; see OUTBOX_ACCEPT_SLOT_RESET in the README", slot), Err: err}
+		case "55000": // object_not_in_prerequisite_state: invalidated slot
+			return &FatalError{Msg: fmt.Sprintf("replication slot %q cannot be streamed (invalidated?): events were skipped; drop it and restart to take a new snapshot", slot), Err: err}
+		}
+	}
+	return classifyStream(slot, err)
+}
+
+func classifyStream(slot string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55000" {
+		return &FatalError{Msg: fmt.Sprintf("slot %q: %s", slot, pgErr.Message), Err: err}
+	}
+	return fmt.Errorf("stream slot %q: %w", slot, err)
+}

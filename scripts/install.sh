@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what the tests, the demo and the benchmarks need on a fresh
+# machine of this kind: PostgreSQL server binaries (Debian's package) and the
+# Kafka broker's jars (Maven Central, cached outside the repository).
+# Idempotent; run as root or with sudo available for apt-get.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+need_pg=true
+for d in /usr/lib/postgresql/*/bin; do
+	if [[ -x "$d/initdb" && -x "$d/pg_ctl" && -x "$d/postgres" ]]; then need_pg=false; fi
+done
+if $need_pg || ! command -v psql >/dev/null; then
+	echo "install.sh: installing PostgreSQL server binaries (apt-get install postgresql)" >&2
+	SUDO=""
+	if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql postgresql-contrib >/dev/null
+fi
+# initdb refuses to run as root: the tests run the server as this user.
+if [[ $(id -u) -eq 0 ]] && ! id postgres >/dev/null 2>&1; then
+	useradd --system --home-dir /var/lib/postgresql --shell /bin/bash postgres
+fi
+command -v java >/dev/null || { echo "install.sh: Java 17+ is required for the Kafka broker" >&2; exit 1; }
+command -v mvn >/dev/null || { echo "install.sh: Maven is required to resolve Kafka from Maven Central" >&2; exit 1; }
+"$here/kafka.sh" install

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# `make test`: installs what is missing, starts the real Kafka broker once for
+# the whole run, runs vet and the suite (-race) against it and throwaway
+# PostgreSQL clusters, and stops the broker.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+cd "$root"
+
+"$here/install.sh"
+
+pgbin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+echo "test.sh: PostgreSQL server: $("$pgbin/postgres" --version)"
+echo "test.sh: Kafka broker: Apache Kafka $("$here/kafka.sh" version) (KRaft, from Maven Central)"
+echo "test.sh: $(go version)"
+
+kdir="$(mktemp -d -t outbox-kafka-shared-XXXXXX)"
+cleanup() { "$here/kafka.sh" stop "$kdir" || true; rm -rf "$kdir"; }
+trap cleanup EXIT
+brokers="$("$here/kafka.sh" start "$kdir")"
+export OUTBOX_TEST_KAFKA_BROKERS="$brokers"
+echo "test.sh: shared Kafka broker at $brokers"
+
+go vet ./...
+go build -o bin/ ./connector ./outbox-router ./slotwatch
+# -p 2: two packages at a time on this 2-core machine; each integration test
+# starts its own PostgreSQL cluster, the broker is shared.
+go test -race -p 2 -timeout 40m -count=1 ${GOTESTFLAGS:-} ./... 2>&1 | tee "${TEST_LOG:-/dev/null}"
