@@ -26,12 +26,12 @@ import (
 
 // Config is what the producer needs beyond the client.
 type Config struct {
-	DLQTopic          string
-	MaxMessageBytes   int
-	TopicCreate       bool
-	TopicPartitions   int32
-	TopicReplication  int16
-	TopicConfigs      map[string]*string
+	DLQTopic         string
+	MaxMessageBytes  int
+	TopicCreate      bool
+	TopicPartitions  int32
+	TopicReplication int16
+	TopicConfigs     map[string]*string
 	// Headers are added to every record (the lease token).
 	Headers func() []kgo.RecordHeader
 }

@@ -264,9 +264,11 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 	if snapshot != nil {
 		streamErr = r.publishSnapshot(streamCtx, snapshot, tr, events, start)
 		if streamErr == nil {
+			// Recorded only once every snapshot row is acked: a crash before
+			// this point takes the snapshot again at the next start.
 			st.SnapshotDone = true
 			sw.st.SnapshotDone = true
-			streamErr = sw.write(streamCtx, start, true)
+			streamErr = wal.SaveState(streamCtx, conn, st)
 		}
 		snapshot.close(ctx)
 	}
@@ -283,7 +285,8 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 		s := &wal.Stream{
 			Conn: rconn, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Schema: r.schema, Table: r.table,
 			Messages: versionNum >= 140000, Tracker: tr, Out: events, StatusInterval: r.cfg.StatusInterval,
-			Log: r.log.With("component", "stream", "slot", r.cfg.Slot),
+			StopGrace:   r.cfg.ShutdownTimeout / 2,
+			Log:         r.log.With("component", "stream", "slot", r.cfg.Slot),
 			Confirmable: func() uint64 { return min(tr.Acked(), sw.durable.Load()) },
 			Counters: wal.Counters{
 				Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
@@ -302,7 +305,7 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 			cancelStream()
 			<-swDone
 			streamErr = s.Finish(hardCtx, func(fctx context.Context) uint64 {
-				if err := sw.write(fctx, tr.Acked(), true); err != nil {
+				if err := sw.write(fctx, max(tr.Acked(), s.SentFlush()), true); err != nil {
 					r.log.Warn("final state write failed", "err", err)
 				}
 				return sw.durable.Load()
@@ -340,7 +343,22 @@ func (r *Relay) producerConfig() publish.Config {
 	}
 }
 
-// stateWriter persists the confirmable position before it is confirmed.
+// promiseHeadroom is how far past the acked position a state write lets
+// the connector confirm. WAL with no outbox events still needs confirming
+// (rule 5), but our own state write, and the running-xacts and checkpoint
+// records the server logs after any activity, are WAL too: if each of them
+// called for another write, an idle database would never go quiet. With the
+// headroom, those few records (at most one full-page image of the state row
+// and a few small records) are confirmed without a write, and a database with
+// no other activity sees nothing more from the connector. The price: a slot
+// advanced by someone else by less than this past the last position the
+// connector examined is not detected at start. A graceful stop records the
+// exact position, so the headroom does not outlive the process.
+const promiseHeadroom = 16 << 10
+
+// stateWriter persists the position the connector may confirm before it is
+// confirmed (the promise), so that a slot moved behind its back is detected
+// at the next start.
 type stateWriter struct {
 	mu      sync.Mutex
 	conn    *pgx.Conn
@@ -348,14 +366,11 @@ type stateWriter struct {
 	tracker *tracker.Tracker
 	log     *slog.Logger
 	onAck   func(uint64)
-	durable atomic.Uint64
-	// ownEnd is the WAL insert position right after our last state write.
-	// On a database with no other activity the walsender then reports that
-	// position, which is only our own write: writing again for it would
-	// write forever. Only WAL beyond it, or new events, call for a write.
-	ownEnd uint64
+	durable atomic.Uint64 // the recorded promise
 }
 
+// run writes at most once per interval: each write is a commit, and the
+// confirmation it allows only goes out once per status interval anyway.
 func (w *stateWriter) run(ctx context.Context, every time.Duration) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -364,10 +379,8 @@ func (w *stateWriter) run(ctx context.Context, every time.Duration) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-		case <-w.tracker.Changed():
 		}
-		p := w.tracker.Positions()
-		if err := w.write(ctx, p.Acked, false); err != nil {
+		if err := w.write(ctx, w.tracker.Acked(), false); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -376,32 +389,32 @@ func (w *stateWriter) run(ctx context.Context, every time.Duration) error {
 	}
 }
 
-// write records target durably when it is beyond what is recorded; force
-// writes even when the only new WAL is our own previous write.
-func (w *stateWriter) write(ctx context.Context, target uint64, force bool) error {
+// write records a promise covering target when the current one does not.
+// final records exactly target (a graceful stop: target is at least every
+// position sent, so the promise may shrink to it).
+func (w *stateWriter) write(ctx context.Context, target uint64, final bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	d := w.durable.Load()
-	if target <= d {
-		w.onAck(d)
-		return nil
-	}
-	if !force && target <= w.ownEnd && w.tracker.Positions().LastEvent <= d {
-		return nil
-	}
 	st := w.st
-	st.Confirmed = target
+	if final {
+		st.Confirmed = target
+		if err := wal.SetStateExact(ctx, w.conn, st); err != nil {
+			return err
+		}
+		w.durable.Store(target)
+		w.onAck(target)
+		return nil
+	}
+	if target <= w.durable.Load() {
+		w.onAck(target)
+		return nil
+	}
+	st.Confirmed = target + promiseHeadroom
 	if err := wal.SaveState(ctx, w.conn, st); err != nil {
 		return err
 	}
-	w.durable.Store(target)
+	w.durable.Store(st.Confirmed)
 	w.onAck(target)
-	var end string
-	if err := w.conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&end); err == nil {
-		if l, err := pglogrepl.ParseLSN(end); err == nil {
-			w.ownEnd = uint64(l)
-		}
-	}
 	return nil
 }
 

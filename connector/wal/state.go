@@ -55,6 +55,16 @@ ON CONFLICT (slot_name) DO UPDATE SET
     snapshot_done = EXCLUDED.snapshot_done,
     updated_at = now()`
 
+// SetStateExact records exactly st.Confirmed, which may be below the recorded
+// promise: at a graceful stop the promise shrinks to what was confirmed.
+func SetStateExact(ctx context.Context, conn *pgx.Conn, st State) error {
+	const q = `UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn, updated_at = now() WHERE slot_name = $1`
+	if _, err := conn.Exec(ctx, q, st.Slot, FormatLSN(st.Confirmed)); err != nil {
+		return fmt.Errorf("record final position %s for slot %q: %w", FormatLSN(st.Confirmed), st.Slot, err)
+	}
+	return nil
+}
+
 // EnsureStateTable creates the state table when sql/ was not applied and the
 // role may; otherwise it says what to run.
 func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {

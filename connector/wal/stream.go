@@ -54,8 +54,11 @@ type Stream struct {
 	// already recorded durably in the state row.
 	Confirmable    func() uint64
 	StatusInterval time.Duration
-	Log            *slog.Logger
-	Counters       Counters
+	// StopGrace is how long a soft stop waits for the transaction being
+	// read to end before abandoning it.
+	StopGrace time.Duration
+	Log       *slog.Logger
+	Counters  Counters
 
 	rels          map[uint32]*relation
 	cols          []TupleColumn
@@ -90,35 +93,56 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 	s.walEnd = start
 	s.sentFlush = 0
 	s.nextStatus = time.Now()
-	// A cancelled ctx interrupts a blocked read at once; the read deadline is
-	// the only thing touched from another goroutine, and net.Conn allows it.
-	stop := context.AfterFunc(ctx, func() { _ = s.Conn.Conn().SetReadDeadline(time.Now()) })
+	// A soft stop (ctx done) lets the transaction being read finish, for up
+	// to StopGrace, so that a graceful stop confirms whole transactions and
+	// a restart repeats nothing. emitCtx ends when the grace does.
+	emitCtx, cancelEmit := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelEmit()
+	var graceEnd time.Time
+	stop := context.AfterFunc(ctx, func() {
+		time.AfterFunc(s.StopGrace, cancelEmit)
+		// A blocked read is interrupted at once; the read deadline is the
+		// only thing touched from another goroutine, and net.Conn allows it.
+		_ = s.Conn.Conn().SetReadDeadline(time.Now())
+	})
 	defer stop()
 	for {
+		deadline := s.nextStatus
 		if ctx.Err() != nil {
-			return nil
+			if s.txn == nil {
+				return nil
+			}
+			if graceEnd.IsZero() {
+				graceEnd = time.Now().Add(s.StopGrace)
+			}
+			if !time.Now().Before(graceEnd) || emitCtx.Err() != nil {
+				return nil
+			}
+			if graceEnd.Before(deadline) {
+				deadline = graceEnd
+			}
 		}
-		now := time.Now()
-		if !now.Before(s.nextStatus) {
+		if !time.Now().Before(s.nextStatus) {
 			if err := s.sendStatus(); err != nil {
 				return err
 			}
+			deadline = s.nextStatus
 		}
-		_ = s.Conn.Conn().SetReadDeadline(s.nextStatus)
+		_ = s.Conn.Conn().SetReadDeadline(deadline)
 		msg, err := s.Conn.ReceiveMessage(context.Background())
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
 			if isTimeout(err) {
 				continue
+			}
+			if ctx.Err() != nil {
+				return nil
 			}
 			return fmt.Errorf("receive from slot %q: %w", s.Slot, err)
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
-			if err := s.handleCopyData(ctx, m.Data); err != nil {
-				if ctx.Err() != nil {
+			if err := s.handleCopyData(emitCtx, m.Data); err != nil {
+				if emitCtx.Err() != nil {
 					return nil
 				}
 				return err

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+)
+
+func connectorEnv(pg *testenv.Postgres, brokers string, extra ...string) map[string]string {
+	env := map[string]string{
+		"OUTBOX_PG_DSN":           pg.DSN("outbox"),
+		"OUTBOX_KAFKA_BROKERS":    brokers,
+		"OUTBOX_HTTP_ADDR":        "",
+		"OUTBOX_STATUS_INTERVAL":  "200ms",
+		"OUTBOX_TOPIC_PARTITIONS": "3",
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		env[extra[i]] = extra[i+1]
+	}
+	return env
+}
+
+func waitOutput(t testing.TB, p *testenv.Proc, substr string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(p.Output(), substr) {
+		if p.Exited() || time.Now().After(deadline) {
+			t.Fatalf("connector never logged %q (exited=%v); output:\n%s", substr, p.Exited(), tail(p.Output()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func tail(s string) string {
+	if len(s) > 6000 {
+		return s[len(s)-6000:]
+	}
+	return s
+}
+
+// backgroundWriter writes transactions of 1..20 events until stopped,
+// retrying through faults; only committed transactions are expected.
+type backgroundWriter struct {
+	w      *testenv.Writer
+	stop   chan struct{}
+	done   chan struct{}
+	errors int
+}
+
+func startWriter(t testing.TB, pg *testenv.Postgres, aggType string, aggs int, pause time.Duration) *backgroundWriter {
+	t.Helper()
+	bw := &backgroundWriter{w: testenv.NewWriter(), stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(bw.done)
+		ctx := context.Background()
+		rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+		var conn *pgx.Conn
+		defer func() {
+			if conn != nil {
+				conn.Close(ctx)
+			}
+		}()
+		for i := 0; ; i++ {
+			select {
+			case <-bw.stop:
+				return
+			default:
+			}
+			if conn == nil || conn.IsClosed() {
+				c, err := pgx.Connect(ctx, pg.DSN("outbox"))
+				if err != nil {
+					bw.errors++
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				conn = c
+			}
+			if err := bw.w.Tx(ctx, conn, aggType, 1+rng.Intn(20), aggs, rng.Intn(aggs)); err != nil {
+				bw.errors++
+				conn.Close(ctx)
+				conn = nil
+				time.Sleep(50 * time.Millisecond)
+			}
+			if pause > 0 {
+				time.Sleep(pause)
+			}
+		}
+	}()
+	t.Cleanup(func() { bw.halt() })
+	return bw
+}
+
+func (bw *backgroundWriter) halt() []testenv.Event {
+	select {
+	case <-bw.stop:
+	default:
+		close(bw.stop)
+	}
+	<-bw.done
+	return bw.w.Snapshot()
+}
+
+// TestKill9Repeatedly kills the connector with SIGKILL 20 times at random
+// moments while events are written: nothing is lost and first deliveries
+// per aggregate stay in commit order; the duplicate count is reported.
+func TestKill9Repeatedly(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	bin := testenv.Binary(t, "connector")
+	aggType := fmt.Sprintf("kill%d", time.Now().UnixNano()%1e9)
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	env := connectorEnv(pg, brokers)
+	bw := startWriter(t, pg, aggType, 200, time.Millisecond)
+	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+	const kills = 20
+	for i := 0; i < kills; i++ {
+		p := testenv.StartProc(t, bin, env)
+		waitOutput(t, p, "msg=streaming", 60*time.Second)
+		time.Sleep(time.Duration(100+rng.Intn(900)) * time.Millisecond)
+		p.Signal(syscall.SIGKILL)
+		p.Wait(t, 10*time.Second)
+	}
+	want := bw.halt()
+	p := testenv.StartProc(t, bin, env)
+	c.WaitFor(t, want, 2*time.Minute)
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Errorf("SIGTERM: exit code %d; output:\n%s", code, tail(p.Output()))
+	}
+	dups := c.Verify(t, want)
+	t.Logf("%d kills with SIGKILL; %d events written (%d writer errors), all delivered in order; %d duplicate deliveries", kills, len(want), bw.errors, dups)
+}
+
+// TestSIGTERMWhileFlowing: SIGTERM while events flow exits 0, and a restart
+// delivers no duplicates of what was confirmed (a graceful stop ends at a
+// transaction boundary and confirms everything it published).
+func TestSIGTERMWhileFlowing(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	bin := testenv.Binary(t, "connector")
+	aggType := fmt.Sprintf("term%d", time.Now().UnixNano()%1e9)
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	env := connectorEnv(pg, brokers)
+	bw := startWriter(t, pg, aggType, 50, 0)
+	for i := 0; i < 3; i++ {
+		p := testenv.StartProc(t, bin, env)
+		waitOutput(t, p, "msg=streaming", 60*time.Second)
+		time.Sleep(time.Second)
+		p.Signal(syscall.SIGTERM)
+		start := time.Now()
+		if code := p.Wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("SIGTERM %d: exit code %d; output:\n%s", i, code, tail(p.Output()))
+		}
+		if !strings.Contains(p.Output(), "final position confirmed") {
+			t.Fatalf("SIGTERM %d: no final confirmation logged:\n%s", i, tail(p.Output()))
+		}
+		t.Logf("stop %d took %s", i, time.Since(start).Round(time.Millisecond))
+	}
+	want := bw.halt()
+	p := testenv.StartProc(t, bin, env)
+	c.WaitFor(t, want, 2*time.Minute)
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Errorf("final SIGTERM: exit code %d", code)
+	}
+	dups := c.Verify(t, want)
+	t.Logf("%d events across 4 graceful stops, %d duplicates", len(want), dups)
+	if dups != 0 {
+		t.Errorf("%d duplicates after graceful stops; want 0", dups)
+	}
+}
+
+// TestLargeTransactionMemory: one transaction of 1,000,000 outbox rows is
+// delivered whole; the connector's peak RSS stays under 256 MiB and within
+// 64 MiB of its peak for a 10,000-row transaction.
+func TestLargeTransactionMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	brokers := testenv.SharedKafka(t)
+	bin := testenv.Binary(t, "connector")
+	peak := func(rows int) int64 {
+		pg := testenv.StartPostgres(t, testenv.PGOptions{})
+		ctx := context.Background()
+		conn := pg.Conn(t, "outbox")
+		aggType := fmt.Sprintf("big%d", time.Now().UnixNano()%1e9)
+		p := testenv.StartProc(t, bin, connectorEnv(pg, brokers))
+		waitOutput(t, p, "msg=streaming", 60*time.Second)
+		start := time.Now()
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+			SELECT gen_random_uuid(), $1, 'agg-' || (i % 1000), 'Big', jsonb_build_object('i', i, 'pad', repeat('x', 100))
+			FROM generate_series(1, $2) AS i`, aggType, rows); err != nil {
+			t.Fatal(err)
+		}
+		var end string
+		if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&end); err != nil {
+			t.Fatal(err)
+		}
+		// Delivered whole: the slot confirms past the transaction only once
+		// every record is acked, and the topic holds exactly rows records.
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			var caught bool
+			if err := conn.QueryRow(ctx, "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'outbox_slot'", end).Scan(&caught); err != nil {
+				t.Fatal(err)
+			}
+			if caught {
+				break
+			}
+			if time.Now().After(deadline) || p.Exited() {
+				t.Fatalf("%d-row transaction not confirmed within 5 minutes; output:\n%s", rows, tail(p.Output()))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		if n := topicRecords(t, brokers, "outbox.event."+aggType); n != int64(rows) {
+			t.Fatalf("topic holds %d records, want %d", n, rows)
+		}
+		rss, err := p.PeakRSS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Signal(syscall.SIGTERM)
+		p.Wait(t, 60*time.Second)
+		t.Logf("%d-row transaction: delivered and confirmed in %s; connector peak RSS %.1f MiB", rows, elapsed.Round(time.Millisecond), float64(rss)/(1<<20))
+		return rss
+	}
+	small := peak(10_000)
+	big := peak(1_000_000)
+	if big > 256<<20 {
+		t.Errorf("peak RSS %.1f MiB for 1,000,000 rows; want under 256 MiB", float64(big)/(1<<20))
+	}
+	if big-small > 64<<20 {
+		t.Errorf("peak RSS grew from %.1f MiB (10,000 rows) to %.1f MiB (1,000,000 rows); want within 64 MiB", float64(small)/(1<<20), float64(big)/(1<<20))
+	}
+}
+
+func topicRecords(t testing.TB, brokers, topic string) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	var mu sync.Mutex
+	ends.Each(func(o kadm.ListedOffset) {
+		s, _ := starts.Lookup(o.Topic, o.Partition)
+		mu.Lock()
+		n += o.Offset - s.Offset
+		mu.Unlock()
+	})
+	return n
+}
