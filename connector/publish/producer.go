@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,6 +35,8 @@ type Config struct {
 	TopicConfigs     map[string]*string
 	// Headers are added to every record (the lease token).
 	Headers func() []kgo.RecordHeader
+	// Published, when set, counts records acked by Kafka.
+	Published *atomic.Int64
 }
 
 // Producer turns events into records and produces them.
@@ -222,6 +225,9 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) e
 func (p *Producer) done(ev wal.Event, r *kgo.Record, err error) {
 	if err == nil {
 		p.published(r.Topic).Inc()
+		if p.cfg.Published != nil {
+			p.cfg.Published.Add(1)
+		}
 		if !ev.Row.Source.CommitTime.IsZero() {
 			p.metrics.CommitToAck.Observe(time.Since(ev.Row.Source.CommitTime).Seconds())
 		}

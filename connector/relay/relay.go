@@ -44,6 +44,7 @@ type Relay struct {
 	confirmed atomic.Uint64
 	lastAck   atomic.Int64 // unix nanos of the last acked progress
 	lastErr   atomic.Pointer[string]
+	published atomic.Int64
 
 	// headers returns the per-record headers (the lease token).
 	headers func() []kgo.RecordHeader
@@ -339,9 +340,12 @@ func (r *Relay) producerConfig() publish.Config {
 	return publish.Config{
 		DLQTopic: r.cfg.DLQTopic, MaxMessageBytes: r.cfg.MaxMessageBytes, TopicCreate: r.cfg.TopicCreate,
 		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
-		TopicConfigs: cfgs, Headers: r.headers,
+		TopicConfigs: cfgs, Headers: r.headers, Published: &r.published,
 	}
 }
+
+// Published is how many records Kafka acknowledged since the start.
+func (r *Relay) Published() int64 { return r.published.Load() }
 
 // promiseHeadroom is how far past the acked position a state write lets
 // the connector confirm. WAL with no outbox events still needs confirming
