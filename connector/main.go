@@ -22,6 +22,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/config"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/relay"
+	"github.com/pgoutbox/pgoutbox/internal/probe"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
 
@@ -36,6 +37,12 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "probe" {
+		if len(args) != 2 {
+			return errors.New("usage: connector probe URL")
+		}
+		return probe.Run(ctx, args[1])
+	}
 	fs := flag.NewFlagSet("connector", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config.Config
