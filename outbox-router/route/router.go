@@ -2,200 +2,535 @@ package route
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"strings"
+	"log/slog"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Config holds the router's options. Zero values are not defaults: start
-// from DefaultConfig, which matches Debezium's EventRouter defaults.
-type Config struct {
-	// FieldEventID is table.field.event.id (default "id").
-	FieldEventID string
-	// FieldEventKey is table.field.event.key (default "aggregateid").
-	FieldEventKey string
-	// FieldPayload is table.field.event.payload (default "payload").
-	FieldPayload string
-	// RouteByField is route.by.field (default "aggregatetype").
-	RouteByField string
-	// TopicReplacement is route.topic.replacement (default
-	// "outbox.event.${routedByValue}").
-	TopicReplacement string
-}
-
-// DefaultConfig is Debezium's EventRouter with its defaults.
-func DefaultConfig() Config {
-	return Config{
-		FieldEventID:     "id",
-		FieldEventKey:    "aggregateid",
-		FieldPayload:     "payload",
-		RouteByField:     "aggregatetype",
-		TopicReplacement: "outbox.event.${routedByValue}",
-	}
-}
-
 // Router routes rows; it is safe for concurrent use.
 type Router struct {
-	cfg Config
+	cfg      Config
+	rule     *topicRule
+	topics   topicCache
+	envelope bool // some field is placed in the envelope
+	required map[string]bool
+	x        expander
+	avro     *avroEncoder
+	now      func() time.Time
 }
 
-// New validates cfg and returns a router.
+// New validates cfg and returns a router. With ValueFormat avro it registers
+// the configured schemas, without a deadline; use NewContext to bound that.
 func New(cfg Config) (*Router, error) {
-	return &Router{cfg: cfg}, nil
+	return NewContext(context.Background(), cfg)
 }
 
-// Route turns one row into a record, or returns an *Error saying why the row
-// cannot be routed (the caller dead-letters it).
-func (r *Router) Route(_ context.Context, row *Row) (*kgo.Record, error) {
-	by := row.Lookup(r.cfg.RouteByField)
-	if by == nil || by.Null {
-		return nil, &Error{Class: ClassMissingField, Msg: fmt.Sprintf("column %q (route.by.field) is missing or null", r.cfg.RouteByField)}
+// NewContext is New with a context for the schema registry requests made
+// while starting (Avro only).
+func NewContext(ctx context.Context, cfg Config) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("route config: %w", err)
 	}
-	topic := strings.ReplaceAll(r.cfg.TopicReplacement, "${routedByValue}", string(by.Value))
-	if err := ValidTopic(topic); err != nil {
+	rule, err := compileTopicRule(cfg.TopicRegex, cfg.TopicReplacement)
+	if err != nil {
 		return nil, err
 	}
-	rec := &kgo.Record{Topic: topic}
-	if k := row.Lookup(r.cfg.FieldEventKey); k != nil && !k.Null {
-		rec.Key = k.Value
+	r := &Router{
+		cfg:      cfg,
+		rule:     rule,
+		required: make(map[string]bool, len(cfg.RequiredColumns)),
+		x: expander{
+			nullAsBytes:       cfg.JSONNullBehavior == NullOptionalBytes,
+			emptyArrayAsArray: cfg.JSONEmptyArrayBehavior == EmptyArrayOptionalString,
+		},
+		now: time.Now,
 	}
-	if p := row.Lookup(r.cfg.FieldPayload); p != nil && !p.Null {
-		rec.Value = p.Value
+	for _, c := range cfg.RequiredColumns {
+		r.required[c] = true
 	}
-	id := row.Lookup(r.cfg.FieldEventID)
-	if id == nil || id.Null {
-		return nil, &Error{Class: ClassMissingField, Msg: fmt.Sprintf("column %q (table.field.event.id) is missing or null", r.cfg.FieldEventID)}
+	for _, f := range cfg.AdditionalFields {
+		if f.Placement == PlaceEnvelope {
+			r.envelope = true
+		}
 	}
-	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "id", Value: id.Value})
-	if !row.Source.CommitTime.IsZero() {
-		rec.Timestamp = row.Source.CommitTime
+	if cfg.ValueFormat == FormatAvro {
+		r.avro, err = newAvroEncoder(ctx, &r.cfg)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Config returns the router's configuration.
+func (r *Router) Config() Config { return r.cfg }
+
+// span is a part of the record's byte buffer; null is a Kafka null.
+type span struct {
+	off, end int
+	null     bool
+}
+
+type hdrSpan struct {
+	key string
+	v   span
+}
+
+// record1 puts a record and its first header in one allocation.
+type record1 struct {
+	rec kgo.Record
+	h   [1]kgo.RecordHeader
+}
+
+// Route turns one row into a record exactly as Debezium's EventRouter (and
+// the configured converters) would, or returns an *Error saying why not
+// (see ErrorClass for what the caller does with each class). It never
+// returns (nil, nil).
+//
+// The record owns its bytes: nothing in it aliases the row, which may be
+// reused as soon as Route returns. Partition is -1 unless a partition
+// placement chose one (see Partitioner). Timestamp is the row's event
+// timestamp, or when it was processed (Source.ProcessedTime, else now).
+func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
+	if row == nil {
+		return nil, errorf(ClassInvalidPayload, nil, "nil row")
+	}
+	cfg := &r.cfg
+	switch row.Op {
+	case OpInsert, OpRead:
+	case OpDelete:
+		return nil, &Error{Class: ClassSkipped, Msg: "delete ignored (outbox cleanup)", Err: ErrSkip, Level: slog.LevelDebug}
+	case OpUpdate:
+		switch cfg.InvalidOpBehavior {
+		case InvalidOpFatal:
+			return nil, errorf(ClassInvalidOp, nil, "unexpected update of an outbox row, and table.op.invalid.behavior is fatal")
+		case InvalidOpError:
+			return nil, &Error{Class: ClassSkipped, Msg: "unexpected update of an outbox row ignored", Err: ErrSkip, Level: slog.LevelError}
+		default:
+			return nil, &Error{Class: ClassSkipped, Msg: "unexpected update of an outbox row ignored", Err: ErrSkip, Level: slog.LevelWarn}
+		}
+	default:
+		return nil, errorf(ClassInvalidPayload, nil, "unknown operation %d", row.Op)
+	}
+
+	size := 64
+	for i := range row.Columns {
+		size += len(row.Columns[i].Value)
+	}
+	if r.envelope || cfg.ValueFormat != FormatString || cfg.HeaderFormat != FormatString {
+		size += size/4 + 128
+	}
+	buf := make([]byte, 0, size)
+	var hdrStore [4]hdrSpan
+	hdrs := hdrStore[:0]
+
+	// Tracing first: Debezium's ActivateTracingSpan runs before the router
+	// adds "id", so its headers come first.
+	if cfg.Tracing {
+		if c := row.Lookup(cfg.TracingSpanContextField); c != nil && !c.Null && isStringKind(kindOf(c.Type)) {
+			if tp, ts, ok := traceContext(c.Value); ok {
+				var err error
+				hdrs, buf, err = r.addHeader(hdrs, buf, "traceparent", nil, stringSchemaRequired, &dval{kind: dStr, b: tp})
+				if err != nil {
+					return nil, err
+				}
+				if len(ts) > 0 {
+					hdrs, buf, _ = r.addHeader(hdrs, buf, "tracestate", nil, stringSchemaRequired, &dval{kind: dStr, b: ts})
+				}
+			}
+		}
+	}
+
+	payloadCol := row.Lookup(cfg.FieldPayload)
+	if payloadCol == nil {
+		return nil, errorf(ClassMissingField, nil, "Unable to find payload field %s in event (table.field.event.payload)", cfg.FieldPayload)
+	}
+	ts, err := r.timestamp(row)
+	if err != nil {
+		return nil, err
+	}
+	idCol := row.Lookup(cfg.FieldEventID)
+	if idCol == nil {
+		return nil, errorf(ClassMissingField, nil, "Unable to find event-id field %s in event (table.field.event.id)", cfg.FieldEventID)
+	}
+	idVal, err := colValue(idCol)
+	if err != nil {
+		return nil, errorf(ClassInvalidPayload, err, "event id")
+	}
+	if hdrs, buf, err = r.addHeader(hdrs, buf, "id", idCol, nil, &idVal); err != nil {
+		return nil, err
+	}
+
+	pv, err := colValue(payloadCol)
+	if err != nil {
+		return nil, errorf(ClassInvalidPayload, err, "payload")
+	}
+	// The payload's schema matters only to the JSON formats, envelopes and
+	// expansion; the default path does without.
+	var ps *cschema
+	if cfg.ValueFormat != FormatString || r.envelope || cfg.ExpandJSONPayload {
+		ps = colSchema(payloadCol, !r.required[payloadCol.Name], &pv)
+	}
+	exp := expandKept
+	if cfg.ExpandJSONPayload && cfg.ValueFormat != FormatAvro && pv.kind == dStr {
+		var es *cschema
+		var ev dval
+		exp, es, ev = r.x.expand(pv.b, cfg.FieldPayload)
+		switch exp {
+		case expandDone:
+			ps, pv = es, ev
+		case expandBroken:
+			ps = es // the payload stays the string: Debezium's state after a failed toConnectData
+		}
+	}
+
+	routeCol := row.Lookup(cfg.RouteByField)
+
+	// The envelope: payload, then the envelope fields in configured order.
+	var envSchema *cschema
+	var envVal dval
+	if r.envelope {
+		if err := checkRouteBy(routeCol, cfg.RouteByField); err != nil {
+			return nil, err
+		}
+		if ps == nil {
+			return nil, errorf(ClassInvalidPayload, nil, "fieldSchema for field payload cannot be null (an empty JSON array payload expanded)")
+		}
+		envSchema = &cschema{typ: tStruct, hasName: true, name: r.envelopeName(row, routeCol.Value)}
+		if cfg.FieldSchemaVersion != "" {
+			vc := row.Lookup(cfg.FieldSchemaVersion)
+			if vc == nil {
+				return nil, errorf(ClassMissingField, nil, "%s is not a valid field name (table.field.event.schema.version)", cfg.FieldSchemaVersion)
+			}
+			if kindOf(vc.Type) != kInt32 {
+				return nil, errorf(ClassInvalidPayload, nil, "field %s is not INT32 (table.field.event.schema.version needs an int4 column)", vc.Name)
+			}
+			if !vc.Null {
+				v, err := colValue(vc)
+				if err != nil {
+					return nil, errorf(ClassInvalidPayload, err, "schema version")
+				}
+				envSchema.hasVersion, envSchema.version = true, int32(v.i)
+			}
+		}
+		envSchema.fields = append(envSchema.fields, cfield{name: "payload", schema: ps})
+		envVal = dval{kind: dStruct, list: []dval{pv}}
+		if exp == expandBroken {
+			return nil, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it")
+		}
+		for _, f := range cfg.AdditionalFields {
+			if f.Placement != PlaceEnvelope {
+				continue
+			}
+			c := row.Lookup(f.Column)
+			if c == nil {
+				if cfg.AdditionalMissing == MissingIgnore {
+					continue
+				}
+				return nil, errorf(ClassMissingField, nil, "Unable to find field %s in event (table.fields.additional.placement)", f.Column)
+			}
+			v, err := colValue(c)
+			if err != nil {
+				return nil, errorf(ClassInvalidPayload, err, "envelope field %s", f.Alias)
+			}
+			if i := envSchema.field(f.Alias); i >= 0 {
+				// SchemaBuilder refuses a duplicate field name.
+				return nil, errorf(ClassInvalidPayload, nil, "Cannot create field because of field name duplication %s", f.Alias)
+			}
+			envSchema.fields = append(envSchema.fields, cfield{name: f.Alias, schema: colSchema(c, !r.required[c.Name], &v)})
+			envVal.list = append(envVal.list, v)
+		}
+	}
+
+	partition := int32(-1)
+	for _, f := range cfg.AdditionalFields {
+		if f.Placement == PlaceEnvelope {
+			continue
+		}
+		c := row.Lookup(f.Column)
+		if c == nil {
+			if cfg.AdditionalMissing == MissingIgnore {
+				continue
+			}
+			return nil, errorf(ClassMissingField, nil, "Unable to find field %s in event (table.fields.additional.placement)", f.Column)
+		}
+		switch f.Placement {
+		case PlaceHeader:
+			v, err := colValue(c)
+			if err != nil {
+				return nil, errorf(ClassInvalidPayload, err, "header %s", f.Alias)
+			}
+			if hdrs, buf, err = r.addHeader(hdrs, buf, f.Alias, c, nil, &v); err != nil {
+				return nil, err
+			}
+		case PlacePartition:
+			if kindOf(c.Type) != kInt32 {
+				return nil, errorf(ClassInvalidPayload, nil, "field %s is not INT32 (a partition placement needs an int4 column)", c.Name)
+			}
+			if !c.Null {
+				v, err := colValue(c)
+				if err != nil {
+					return nil, errorf(ClassInvalidPayload, err, "partition")
+				}
+				if v.i < 0 {
+					return nil, errorf(ClassInvalidPayload, nil, "partition %d is negative", v.i)
+				}
+				partition = int32(v.i)
+			}
+		}
+	}
+
+	// The topic: RegexRouter over the route.by.field value.
+	if err := checkRouteBy(routeCol, cfg.RouteByField); err != nil {
+		return nil, err
+	}
+	topic, err := r.topic(routeCol.Value)
+	if err != nil {
+		return nil, err
+	}
+
+	// The value.
+	tombstone := cfg.TombstoneOnEmptyPayload && (pv.kind == dNull || pv.kind == dStr && javaTrimEmpty(pv.b))
+	var val span
+	switch {
+	case tombstone:
+		val.null = true
+	case cfg.ValueFormat == FormatAvro:
+		val.off = len(buf)
+		var null bool
+		buf, null, err = r.avro.encode(ctx, buf, topic, payloadCol, &pv, envSchema, &envVal)
+		if err != nil {
+			return nil, err
+		}
+		val.end, val.null = len(buf), null
+	default:
+		val.off = len(buf)
+		buf, val.null, err = r.appendValue(buf, exp, ps, &pv, envSchema, &envVal)
+		if err != nil {
+			return nil, err
+		}
+		val.end = len(buf)
+	}
+
+	// The key.
+	key := span{null: true}
+	if cfg.FieldEventKey != "" {
+		kc := row.Lookup(cfg.FieldEventKey)
+		if kc == nil {
+			return nil, errorf(ClassMissingField, nil, "%s is not a valid field name (table.field.event.key)", cfg.FieldEventKey)
+		}
+		kv, err := colValue(kc)
+		if err != nil {
+			return nil, errorf(ClassInvalidPayload, err, "key")
+		}
+		key.off = len(buf)
+		switch cfg.KeyFormat {
+		case FormatJSON:
+			buf = appendValueJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
+			key.null = false
+		case FormatJSONSchema:
+			buf = appendEnvelopeJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
+			key.null = false
+		default:
+			if kv.kind != dNull {
+				buf = appendValueString(buf, &kv, true)
+				key.null = false
+			}
+		}
+		key.end = len(buf)
+	}
+
+	// Assemble: every slice points into buf, which no longer moves.
+	var rec *kgo.Record
+	if len(hdrs) == 1 {
+		r1 := &record1{}
+		rec = &r1.rec
+		rec.Headers = r1.h[:0:1]
+	} else {
+		rec = &kgo.Record{Headers: make([]kgo.RecordHeader, 0, len(hdrs))}
+	}
+	rec.Topic = topic
+	rec.Key = key.slice(buf)
+	rec.Value = val.slice(buf)
+	for _, h := range hdrs {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.key, Value: h.v.slice(buf)})
+	}
+	rec.Partition = -1
+	if cfg.Runtime == RuntimeConnect {
+		rec.Partition = partition
+		if ts != noTimestamp {
+			rec.Timestamp = time.UnixMilli(ts)
+		}
 	}
 	return rec, nil
 }
 
-// ErrorClass names why a row could not be routed; it is the DLQ header
-// error.class and a metric label.
-type ErrorClass string
-
-// The error classes.
-const (
-	ClassMissingField   ErrorClass = "missing-field"
-	ClassInvalidTopic   ErrorClass = "invalid-topic"
-	ClassInvalidPayload ErrorClass = "invalid-payload"
-	ClassSchema         ErrorClass = "schema"
-	ClassTooLarge       ErrorClass = "record-too-large"
-	ClassInvalidOp      ErrorClass = "invalid-op"
-)
-
-// Error is a row that cannot be routed: poison, to be dead-lettered whole.
-type Error struct {
-	Class ErrorClass
-	Msg   string
-	Err   error
+func (s span) slice(buf []byte) []byte {
+	if s.null {
+		return nil
+	}
+	return buf[s.off:s.end:s.end]
 }
 
-func (e *Error) Error() string {
-	if e.Err != nil {
-		return fmt.Sprintf("%s: %s: %v", e.Class, e.Msg, e.Err)
-	}
-	return fmt.Sprintf("%s: %s", e.Class, e.Msg)
-}
-
-func (e *Error) Unwrap() error { return e.Err }
-
-// ValidTopic reports whether Kafka would accept name as a topic name.
-func ValidTopic(name string) error {
-	if name == "" || name == "." || name == ".." {
-		return &Error{Class: ClassInvalidTopic, Msg: fmt.Sprintf("topic name %q is not allowed", name)}
-	}
-	if len(name) > 249 {
-		return &Error{Class: ClassInvalidTopic, Msg: fmt.Sprintf("topic name of %d characters is longer than Kafka's 249", len(name))}
-	}
-	for _, c := range name {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return &Error{Class: ClassInvalidTopic, Msg: fmt.Sprintf("topic name %q has a character Kafka rejects (%q); only [a-zA-Z0-9._-] are legal", name, c)}
-		}
+func checkRouteBy(c *Column, name string) error {
+	switch {
+	case c == nil:
+		return errorf(ClassMissingField, nil, "%s is not a valid field name (route.by.field)", name)
+	case c.Null:
+		return errorf(ClassMissingField, nil, "column %s (route.by.field) is null: no topic to route to", name)
+	case !isStringKind(kindOf(c.Type)):
+		return errorf(ClassInvalidPayload, nil, "column %s (route.by.field) is not a string column (type %d)", name, c.Type)
 	}
 	return nil
 }
 
-// DeadLetter builds the DLQ record for a row that could not be routed or
-// produced: the original row as a JSON object of its columns' text values,
-// with headers id, error, error.class, source.lsn and topic (the intended one).
-func DeadLetter(row *Row, intended string, cause error, dlqTopic string) *kgo.Record {
-	obj := make(map[string]any, len(row.Columns))
-	var id []byte
-	for _, c := range row.Columns {
-		if c.Null {
-			obj[c.Name] = nil
-			continue
-		}
-		obj[c.Name] = string(c.Value)
-		if c.Name == "id" {
-			id = c.Value
-		}
+// topic maps a route.by.field value to its topic, from the cache when it
+// can.
+func (r *Router) topic(v []byte) (string, error) {
+	if e, ok := r.topics.get(v); ok {
+		return e.topic, e.err
 	}
-	val, _ := json.Marshal(obj)
-	class := "unknown"
-	var re *Error
-	if errors.As(cause, &re) {
-		class = string(re.Class)
+	s := string(v)
+	t := r.rule.apply(s)
+	var err error
+	if verr := ValidTopic(t); verr != nil {
+		err = verr
 	}
-	return &kgo.Record{
-		Topic: dlqTopic,
-		Key:   id,
-		Value: val,
-		Headers: []kgo.RecordHeader{
-			{Key: "id", Value: id},
-			{Key: "error", Value: []byte(cause.Error())},
-			{Key: "error.class", Value: []byte(class)},
-			{Key: "source.lsn", Value: []byte(FormatLSN(row.Source.LSN))},
-			{Key: "topic", Value: []byte(intended)},
-		},
-	}
+	r.topics.put(s, topicEntry{topic: t, err: err})
+	return t, err
 }
 
-// FormatLSN writes an LSN as PostgreSQL does (X/X).
-func FormatLSN(lsn uint64) string {
-	return fmt.Sprintf("%X/%X", uint32(lsn>>32), uint32(lsn))
+// envelopeName is EventRouterDelegate.getSchemaName over the name Debezium
+// gives the outbox table's row schema, "<topic.prefix>.<schema>.<table>.Value".
+func (r *Router) envelopeName(row *Row, routedBy []byte) string {
+	table := row.Source.Table
+	if table == "" {
+		table = "public.outbox"
+	}
+	return r.cfg.TopicPrefix + "." + table + "." + string(routedBy) + ".Value"
 }
 
-// RowFromMessage decodes the content of a transactional logical decoding
-// message with prefix "outbox" (a table-less outbox event): a JSON object
-// {"id", "aggregatetype", "aggregateid", "type", "payload"}. payload is kept
-// as its JSON text, like a jsonb column.
-func RowFromMessage(content []byte, src Source) (*Row, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(content, &m); err != nil {
-		return nil, &Error{Class: ClassInvalidPayload, Msg: "logical message content is not a JSON object", Err: err}
+var stringSchemaRequired = &cschema{typ: tString}
+
+// addHeader encodes one header with the header converter; the schema is
+// s, or column c's.
+func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s *cschema, v *dval) ([]hdrSpan, []byte, error) {
+	sp := span{off: len(buf)}
+	if s == nil && r.cfg.HeaderFormat != FormatString {
+		s = colSchema(c, !r.required[c.Name], v)
 	}
-	row := &Row{Source: src}
-	for _, name := range []string{"id", "aggregatetype", "aggregateid", "type"} {
-		raw, ok := m[name]
-		col := Column{Name: name, Type: OIDText}
-		if name == "id" {
-			col.Type = OIDUUID
-		}
-		if !ok || string(raw) == "null" {
-			col.Null = true
-		} else {
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, &Error{Class: ClassInvalidPayload, Msg: fmt.Sprintf("logical message field %q is not a string", name), Err: err}
+	switch r.cfg.HeaderFormat {
+	case FormatJSON:
+		buf = appendValueJSON(buf, s, v)
+	case FormatJSONSchema:
+		buf = appendEnvelopeJSON(buf, s, v)
+	default:
+		// SimpleHeaderConverter: null stays null. Kafka Connect keeps such a
+		// header; Debezium Server's engine drops it.
+		if v.kind == dNull {
+			if r.cfg.Runtime == RuntimeServer {
+				return hdrs, buf, nil
 			}
-			col.Value = []byte(s)
+			sp.null = true
+		} else {
+			buf = appendValueString(buf, v, false)
 		}
-		row.Columns = append(row.Columns, col)
 	}
-	p := Column{Name: "payload", Type: OIDJSONB}
-	if raw, ok := m["payload"]; !ok || string(raw) == "null" {
-		p.Null = true
+	sp.end = len(buf)
+	return append(hdrs, hdrSpan{key: key, v: sp}), buf, nil
+}
+
+// appendValue encodes the value with a JSON or string converter; null
+// reports a Kafka null.
+func (r *Router) appendValue(buf []byte, exp expandResult, ps *cschema, pv *dval, envSchema *cschema, envVal *dval) ([]byte, bool, error) {
+	f := r.cfg.ValueFormat
+	structured := envSchema != nil || exp == expandDone
+	if envSchema == nil {
+		envSchema, envVal = ps, pv
+	}
+	switch {
+	case exp == expandBroken && envSchema == ps && ps != nil && f != FormatString:
+		return buf, false, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it; JsonConverter fails on it")
+	case f == FormatJSONSchema:
+		if exp == expandBroken && ps == nil {
+			buf = append(buf, `{"schema":null,"payload":`...)
+			buf = appendJSONString(buf, pv.b)
+			return append(buf, '}'), false, nil
+		}
+		return appendEnvelopeJSON(buf, envSchema, envVal), false, nil
+	case f == FormatJSON || structured:
+		// StringConverter would print Struct.toString() here; we write what
+		// JsonConverter (schemas.enable=false) writes instead.
+		if exp == expandBroken && ps == nil {
+			return appendJSONString(buf, pv.b), false, nil
+		}
+		return appendValueJSON(buf, envSchema, envVal), false, nil
+	}
+	// StringConverter for text, BinaryDataConverter for bytes.
+	if pv.kind == dNull {
+		return buf, true, nil
+	}
+	return appendValueString(buf, pv, true), false, nil
+}
+
+// javaTrimEmpty reports whether String.trim() of s is empty: every char is
+// at most U+0020.
+func javaTrimEmpty(s []byte) bool {
+	for _, c := range s {
+		if c > ' ' {
+			return false
+		}
+	}
+	return true
+}
+
+// noTimestamp asks the producer to stamp the record (Kafka's NO_TIMESTAMP).
+const noTimestamp = -1
+
+// timestamp is EventRouterDelegate.getEventTimestampMs followed by Kafka
+// Connect's checkAndConvertTimestamp. Debezium Server computes it too (so its
+// errors are the same) and then sends no timestamp; Route drops it there.
+func (r *Router) timestamp(row *Row) (int64, error) {
+	processed := func() int64 {
+		if !row.Source.ProcessedTime.IsZero() {
+			return row.Source.ProcessedTime.UnixMilli()
+		}
+		return r.now().UnixMilli()
+	}
+	ms := int64(0)
+	if name := r.cfg.FieldEventTimestamp; name == "" {
+		ms = processed()
 	} else {
-		p.Value = []byte(raw)
+		c := row.Lookup(name)
+		if c == nil {
+			return 0, errorf(ClassMissingField, nil, "Unable to find timestamp field %s in event (table.field.event.timestamp)", name)
+		}
+		switch k := kindOf(c.Type); {
+		case c.Null:
+			ms = processed()
+		case k == kTimestamp:
+			t, ok := parsePGTime(c.Value, false)
+			if !ok {
+				return 0, errorf(ClassInvalidPayload, nil, "timestamp field %s: %q is not a timestamp", name, truncate(c.Value, 64))
+			}
+			ms = t.UnixMicro() / 1000 // MicroTimestamp: Java's long division
+		case k == kTimestamptz:
+			t, ok := parsePGTime(c.Value, true)
+			if !ok {
+				return 0, errorf(ClassInvalidPayload, nil, "timestamp field %s: %q is not a timestamptz", name, truncate(c.Value, 64))
+			}
+			ms = t.UnixMicro() / 1000
+		default:
+			return 0, errorf(ClassInvalidPayload, nil, "Unsupported field type of %s (PostgreSQL type %d) for event timestamp: use a timestamp column", name, c.Type)
+		}
 	}
-	row.Columns = append(row.Columns, p)
-	return row, nil
+	if ms < 0 {
+		if ms == noTimestamp {
+			return noTimestamp, nil
+		}
+		return 0, errorf(ClassInvalidPayload, nil, "Invalid record timestamp %d (before 1970): Kafka Connect rejects it", ms)
+	}
+	return ms, nil
 }

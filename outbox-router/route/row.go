@@ -12,17 +12,54 @@ import (
 const (
 	OIDBool        uint32 = 16
 	OIDBytea       uint32 = 17
+	OIDName        uint32 = 19
 	OIDInt8        uint32 = 20
 	OIDInt2        uint32 = 21
 	OIDInt4        uint32 = 23
 	OIDText        uint32 = 25
+	OIDOID         uint32 = 26
 	OIDJSON        uint32 = 114
+	OIDXML         uint32 = 142
+	OIDFloat4      uint32 = 700
+	OIDFloat8      uint32 = 701
+	OIDBpchar      uint32 = 1042
 	OIDVarchar     uint32 = 1043
+	OIDDate        uint32 = 1082
+	OIDTime        uint32 = 1083
 	OIDTimestamp   uint32 = 1114
 	OIDTimestamptz uint32 = 1184
+	OIDNumeric     uint32 = 1700
 	OIDUUID        uint32 = 2950
 	OIDJSONB       uint32 = 3802
 )
+
+// Op is the kind of change a row comes from. The zero value is an insert,
+// which is all the connector's insert-only publication delivers; the
+// outbox-router's Debezium mode also sees the others.
+type Op uint8
+
+// The operations, with Debezium's op codes.
+const (
+	OpInsert Op = iota // "c"; also a logical-decoding message
+	OpRead             // "r", a snapshot read: routed like an insert
+	OpUpdate           // "u": handled by table.op.invalid.behavior
+	OpDelete           // "d": always skipped (outbox cleanup)
+)
+
+// String returns Debezium's op code.
+func (o Op) String() string {
+	switch o {
+	case OpInsert:
+		return "c"
+	case OpRead:
+		return "r"
+	case OpUpdate:
+		return "u"
+	case OpDelete:
+		return "d"
+	}
+	return "?"
+}
 
 // Column is one column of an outbox row as pgoutput delivers it: the value in
 // PostgreSQL's text output format (bytea as \x hex) and the column's type OID.
@@ -33,8 +70,8 @@ type Column struct {
 	Value []byte
 }
 
-// Source says where a row came from; it feeds the dead-letter headers and,
-// when no timestamp column is configured, the record timestamp.
+// Source says where a row came from; it feeds the dead-letter headers and
+// the names of schemas in the JSON-with-schema and envelope encodings.
 type Source struct {
 	// LSN is the position of the row's change (or message) in the WAL.
 	LSN uint64
@@ -46,12 +83,18 @@ type Source struct {
 	Table string
 	// Message is true for a pg_logical_emit_message event.
 	Message bool
+	// ProcessedTime is Debezium's envelope ts_ms, the time the change was
+	// processed, when the row comes from a Debezium change event. Zero means
+	// "now": the router stamps the record with its clock, as Debezium does.
+	ProcessedTime time.Time
 }
 
 // Row is one outbox insert (or one logical-message event) to route.
 type Row struct {
 	Columns []Column
 	Source  Source
+	// Op is the change kind; the zero value is an insert.
+	Op Op
 }
 
 // Lookup returns the column called name, or nil.

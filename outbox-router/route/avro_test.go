@@ -1,0 +1,193 @@
+package route
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/linkedin/goavro/v2"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+)
+
+const orderSchema = `{
+  "type": "record", "name": "Order", "namespace": "shop",
+  "fields": [
+    {"name": "id", "type": "int"},
+    {"name": "lineItems", "type": {"type": "array", "items": {"type": "record", "name": "LineItem", "fields": [
+      {"name": "id", "type": "int"}, {"name": "item", "type": "string"}, {"name": "status", "type": "string"},
+      {"name": "quantity", "type": "int"}, {"name": "totalPrice", "type": "double"}]}}},
+    {"name": "orderDate", "type": "string"},
+    {"name": "customerId", "type": "long"},
+    {"name": "note", "type": ["null", "string"], "default": null}
+  ]}`
+
+// confluentDecode is an independent Confluent wire-format decoder: magic
+// byte 0, a big-endian schema id looked up in the registry, then the Avro
+// binary datum decoded with the registry's schema by a plain goavro codec.
+func confluentDecode(t testing.TB, cl *sr.Client, b []byte) (int, any) {
+	t.Helper()
+	if len(b) < 5 || b[0] != 0 {
+		t.Fatalf("not Confluent wire format: % x", b[:min(len(b), 8)])
+	}
+	id := int(binary.BigEndian.Uint32(b[1:5]))
+	s, err := cl.SchemaByID(context.Background(), id)
+	if err != nil {
+		t.Fatalf("schema id %d: %v", id, err)
+	}
+	codec, err := goavro.NewCodec(s.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, rest, err := codec.NativeFromBinary(b[5:])
+	if err != nil || len(rest) != 0 {
+		t.Fatalf("decode: %v (%d bytes left)", err, len(rest))
+	}
+	return id, v
+}
+
+func avroRouter(t testing.TB, reg *srfake.Registry, mod func(*Config)) *Router {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.ValueFormat = FormatAvro
+	cfg.RegistryURLs = []string{reg.URL()}
+	cfg.AvroSchemas = map[string]string{"outbox.event.Order-value": orderSchema}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := NewContext(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func orderRow(payload string) *Row {
+	return &Row{Columns: []Column{
+		{Name: "id", Type: OIDUUID, Value: []byte("4d47e190-0402-4048-bc2c-89dd54343cdc")},
+		{Name: "aggregatetype", Type: OIDVarchar, Value: []byte("Order")},
+		{Name: "aggregateid", Type: OIDVarchar, Value: []byte("1")},
+		{Name: "type", Type: OIDVarchar, Value: []byte("OrderCreated")},
+		{Name: "payload", Type: OIDJSONB, Value: []byte(payload)},
+	}, Source: Source{Table: "public.outbox", ProcessedTime: time.UnixMilli(1556890294484)}}
+}
+
+const orderPayload = `{"id": 1, "lineItems": [{"id": 1, "item": "Debezium in Action", "status": "ENTERED", "quantity": 2, "totalPrice": 39.98}], "orderDate": "2019-01-31T12:13:01", "customerId": 123, "note": "gift"}`
+
+func TestAvroRegisteredSchema(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	r := avroRouter(t, reg, nil)
+	rec, err := r.Route(context.Background(), orderRow(orderPayload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+	ss, err := cl.SchemaByVersion(context.Background(), "outbox.event.Order-value", -1)
+	if err != nil {
+		t.Fatalf("the schema was not registered under the topic's subject: %v", err)
+	}
+	id, v := confluentDecode(t, cl, rec.Value)
+	if id != ss.ID {
+		t.Fatalf("id %d, registered %d", id, ss.ID)
+	}
+	want := map[string]any{
+		"id": int32(1), "orderDate": "2019-01-31T12:13:01", "customerId": int64(123),
+		"note":      map[string]any{"string": "gift"},
+		"lineItems": []any{map[string]any{"id": int32(1), "item": "Debezium in Action", "status": "ENTERED", "quantity": int32(2), "totalPrice": 39.98}},
+	}
+	if !reflect.DeepEqual(v, want) {
+		t.Fatalf("decoded %#v\nwant %#v", v, want)
+	}
+	if string(rec.Key) != "1" || rec.Topic != "outbox.event.Order" || string(rec.Headers[0].Value) != "4d47e190-0402-4048-bc2c-89dd54343cdc" {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+func TestAvroLooksUpLatestSchema(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	id, _, err := reg.RegisterSchema("outbox.event.Customer-value", sr.Schema{Schema: `{"type":"record","name":"C","fields":[{"name":"name","type":"string"}]}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := avroRouter(t, reg, nil)
+	row := orderRow(`{"name": "Jane"}`)
+	row.Columns[1].Value = []byte("Customer")
+	rec, err := r.Route(context.Background(), row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+	gotID, v := confluentDecode(t, cl, rec.Value)
+	if gotID != id || !reflect.DeepEqual(v, map[string]any{"name": "Jane"}) {
+		t.Fatalf("id %d (want %d), %v", gotID, id, v)
+	}
+}
+
+func TestAvroErrors(t *testing.T) {
+	reg := srfake.New()
+	r := avroRouter(t, reg, nil)
+	ctx := context.Background()
+
+	// A payload that does not conform: ClassSchema carrying goavro's error.
+	_, err := r.Route(ctx, orderRow(`{"id": "one"}`))
+	var re *Error
+	if !errors.As(err, &re) || re.Class != ClassSchema || re.Err == nil {
+		t.Fatalf("non-conforming payload: %v", err)
+	}
+	// No schema under the subject: the row is poison.
+	row := orderRow(`{}`)
+	row.Columns[1].Value = []byte("Unknown")
+	if _, err := r.Route(ctx, row); ClassOf(err) != ClassSchema {
+		t.Fatalf("unknown subject: %v", err)
+	}
+	// The registry is down: retryable, not poison.
+	reg.Close()
+	row.Columns[1].Value = []byte("Other")
+	if _, err := r.Route(ctx, row); ClassOf(err) != ClassRegistry || !IsRetryable(err) {
+		t.Fatalf("registry down: %v", err)
+	}
+	// A cached subject still routes.
+	if _, err := r.Route(ctx, orderRow(orderPayload)); err != nil {
+		t.Fatalf("cached schema: %v", err)
+	}
+}
+
+func TestAvroEnvelopeNullAndBytea(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	env := fmt.Sprintf(`{"type":"record","name":"Env","fields":[{"name":"payload","type":["null",%s]},{"name":"eventType","type":"string"}]}`, orderSchema)
+	r := avroRouter(t, reg, func(c *Config) {
+		c.AvroSchemas = map[string]string{"outbox.event.Order-value": env}
+		c.AdditionalFields = []AdditionalField{{Column: "type", Placement: PlaceEnvelope, Alias: "eventType"}}
+	})
+	ctx := context.Background()
+	rec, err := r.Route(ctx, orderRow(orderPayload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+	_, v := confluentDecode(t, cl, rec.Value)
+	m := v.(map[string]any)
+	if m["eventType"] != "OrderCreated" || m["payload"].(map[string]any)["shop.Order"].(map[string]any)["customerId"] != int64(123) {
+		t.Fatalf("envelope %v", v)
+	}
+
+	// Without an envelope, a null payload is a null value (the Confluent
+	// serializer's null), and a bytea payload is already-framed Avro.
+	plain := avroRouter(t, reg, nil)
+	row := orderRow("")
+	row.Columns[4].Null = true
+	if rec, err := plain.Route(ctx, row); err != nil || rec.Value != nil {
+		t.Fatalf("null payload: %v %v", rec, err)
+	}
+	row.Columns[4] = Column{Name: "payload", Type: OIDBytea, Value: []byte(`\x0000000001ff`)}
+	if rec, err := plain.Route(ctx, row); err != nil || string(rec.Value) != "\x00\x00\x00\x00\x01\xff" {
+		t.Fatalf("bytea payload: %v %v", rec, err)
+	}
+}

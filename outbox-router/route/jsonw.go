@@ -1,0 +1,266 @@
+package route
+
+import (
+	"encoding/base64"
+	"math"
+	"math/big"
+	"strconv"
+	"unicode/utf8"
+)
+
+// This file writes JSON byte for byte as Kafka Connect's JsonConverter does
+// (Jackson's UTF8JsonGenerator with default features) and numbers as Java's
+// toString methods print them, so that encoded records equal Debezium's.
+
+const hexUpper = "0123456789ABCDEF"
+
+// appendJSONString writes s as a JSON string the way Jackson does: only '"',
+// '\\' and control characters are escaped, short forms for \b \t \n \f \r and
+// \u00XX (upper-case hex) for the rest; everything else is raw UTF-8.
+// Invalid UTF-8 becomes U+FFFD, as decoding into a Java String does.
+func appendJSONString(dst []byte, s []byte) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexUpper[c>>4], hexUpper[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRune(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, "\uFFFD"...)
+			i++
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+func appendJSONStr(dst []byte, s string) []byte {
+	return appendJSONString(dst, []byte(s))
+}
+
+// appendJavaDouble writes f as Java's Double.toString (bits 64) or
+// Float.toString (bits 32) prints it (JDK 19 and later: the shortest decimal
+// that rounds to f, at least two digits when one would do and two are
+// closer).
+func appendJavaDouble(dst []byte, f float64, bits int) []byte {
+	switch {
+	case math.IsNaN(f):
+		return append(dst, "NaN"...)
+	case math.IsInf(f, 1):
+		return append(dst, "Infinity"...)
+	case math.IsInf(f, -1):
+		return append(dst, "-Infinity"...)
+	case f == 0:
+		if math.Signbit(f) {
+			return append(dst, "-0.0"...)
+		}
+		return append(dst, "0.0"...)
+	}
+	if f < 0 {
+		dst = append(dst, '-')
+		f = -f
+	}
+	var buf [32]byte
+	s := strconv.AppendFloat(buf[:0], f, 'e', -1, bits)
+	digits, exp := splitSci(s)
+	if len(digits) == 1 {
+		s2 := strconv.AppendFloat(buf[:0], f, 'e', 1, bits)
+		d2, e2 := splitSci(s2)
+		if len(d2) == 2 && d2[1] != '0' {
+			digits, exp = d2, e2
+		}
+	}
+	var db [24]byte
+	digits = append(db[:0], digits...)
+	if exp >= -3 && exp < 7 {
+		if exp >= 0 {
+			for len(digits) < exp+1 {
+				digits = append(digits, '0')
+			}
+			dst = append(dst, digits[:exp+1]...)
+			dst = append(dst, '.')
+			if len(digits) > exp+1 {
+				return append(dst, digits[exp+1:]...)
+			}
+			return append(dst, '0')
+		}
+		dst = append(dst, '0', '.')
+		for i := 0; i < -exp-1; i++ {
+			dst = append(dst, '0')
+		}
+		return append(dst, digits...)
+	}
+	dst = append(dst, digits[0], '.')
+	if len(digits) > 1 {
+		dst = append(dst, digits[1:]...)
+	} else {
+		dst = append(dst, '0')
+	}
+	dst = append(dst, 'E')
+	return strconv.AppendInt(dst, int64(exp), 10)
+}
+
+// splitSci splits Go's "d.ddde±xx" into its digits and decimal exponent.
+func splitSci(s []byte) ([]byte, int) {
+	var digits []byte
+	i := 0
+	for ; i < len(s) && s[i] != 'e'; i++ {
+		if s[i] != '.' {
+			digits = append(digits, s[i])
+		}
+	}
+	e, _ := strconv.Atoi(string(s[i+1:]))
+	return digits, e
+}
+
+// appendJSONDouble writes a double as Jackson does: Java's toString, and
+// non-finite values quoted (QUOTE_NON_NUMERIC_NUMBERS is on by default).
+func appendJSONDouble(dst []byte, f float64, bits int) []byte {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		dst = append(dst, '"')
+		dst = appendJavaDouble(dst, f, bits)
+		return append(dst, '"')
+	}
+	return appendJavaDouble(dst, f, bits)
+}
+
+// decimal is a java.math.BigDecimal: unscaled × 10^-scale.
+type decimal struct {
+	unscaled big.Int
+	scale    int32
+}
+
+// parseDecimal parses PostgreSQL's numeric output ("-12.340").
+func parseDecimal(s []byte) (*decimal, bool) {
+	if len(s) == 0 {
+		return nil, false
+	}
+	var digits []byte
+	neg := false
+	i := 0
+	if s[0] == '-' || s[0] == '+' {
+		neg = s[0] == '-'
+		i++
+	}
+	scale := int32(-1)
+	for ; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9':
+			digits = append(digits, c)
+			if scale >= 0 {
+				scale++
+			}
+		case c == '.' && scale < 0:
+			scale = 0
+		default:
+			return nil, false
+		}
+	}
+	if len(digits) == 0 {
+		return nil, false
+	}
+	if scale < 0 {
+		scale = 0
+	}
+	d := &decimal{scale: scale}
+	d.unscaled.SetString(string(digits), 10)
+	if neg {
+		d.unscaled.Neg(&d.unscaled)
+	}
+	return d, true
+}
+
+// appendJavaBigDecimal writes d as BigDecimal.toString does.
+func appendJavaBigDecimal(dst []byte, d *decimal) []byte {
+	coeff := d.unscaled.String()
+	if coeff[0] == '-' {
+		dst = append(dst, '-')
+		coeff = coeff[1:]
+	}
+	adjusted := -int64(d.scale) + int64(len(coeff)-1)
+	if d.scale >= 0 && adjusted >= -6 {
+		sc := int(d.scale)
+		switch {
+		case sc == 0:
+			return append(dst, coeff...)
+		case len(coeff) > sc:
+			dst = append(dst, coeff[:len(coeff)-sc]...)
+			dst = append(dst, '.')
+			return append(dst, coeff[len(coeff)-sc:]...)
+		default:
+			dst = append(dst, '0', '.')
+			for i := 0; i < sc-len(coeff); i++ {
+				dst = append(dst, '0')
+			}
+			return append(dst, coeff...)
+		}
+	}
+	dst = append(dst, coeff[0])
+	if len(coeff) > 1 {
+		dst = append(dst, '.')
+		dst = append(dst, coeff[1:]...)
+	}
+	dst = append(dst, 'E')
+	if adjusted >= 0 {
+		dst = append(dst, '+')
+	}
+	return strconv.AppendInt(dst, adjusted, 10)
+}
+
+// twosComplement is BigInteger.toByteArray: the shortest big-endian two's
+// complement form, as Kafka Connect's Decimal logical type stores it.
+func twosComplement(x *big.Int) []byte {
+	if x.Sign() >= 0 {
+		b := x.Bytes()
+		if len(b) == 0 || b[0]&0x80 != 0 {
+			b = append([]byte{0}, b...)
+		}
+		return b
+	}
+	y := new(big.Int).Neg(x)
+	y.Sub(y, big.NewInt(1))
+	b := y.Bytes()
+	for i := range b {
+		b[i] = ^b[i]
+	}
+	if len(b) == 0 || b[0]&0x80 == 0 {
+		b = append([]byte{0xFF}, b...)
+	}
+	return b
+}
+
+func appendBase64JSON(dst []byte, b []byte) []byte {
+	dst = append(dst, '"')
+	dst = base64.StdEncoding.AppendEncode(dst, b)
+	return append(dst, '"')
+}

@@ -1,0 +1,164 @@
+package route
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParsePropertiesConnect(t *testing.T) {
+	const props = `# a Kafka Connect connector
+name=outbox-connector
+connector.class=io.debezium.connector.postgresql.PostgresConnector
+topic.prefix=dbserver1
+transforms=unwrap,outbox
+transforms.unwrap.type=io.debezium.transforms.ExtractNewRecordState
+transforms.unwrap.route.by.field=ignored
+transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+transforms.outbox.table.field.event.id = event_id
+transforms.outbox.table.fields.additional.placement=type:header:eventType,\
+    version:envelope
+transforms.outbox.route.topic.replacement=${routedByValue}.events
+transforms.outbox.route.tombstone.on.empty.payload=TRUE
+transforms.outbox.table.op.invalid.behavior=Fatal
+transforms.outbox.predicate=isOutbox
+key.converter=org.apache.kafka.connect.storage.StringConverter
+value.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter.schemas.enable=false
+`
+	c, err := ParseProperties(strings.NewReader(props))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultConfig()
+	want.FieldEventID = "event_id"
+	want.AdditionalFields = []AdditionalField{{"type", PlaceHeader, "eventType"}, {"version", PlaceEnvelope, "version"}}
+	want.TopicReplacement = "${routedByValue}.events"
+	want.TombstoneOnEmptyPayload = true
+	want.InvalidOpBehavior = InvalidOpFatal
+	want.ValueFormat = FormatJSON
+	want.TopicPrefix = "dbserver1"
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("got  %+v\nwant %+v", c, want)
+	}
+}
+
+func TestParsePropertiesServer(t *testing.T) {
+	const props = `debezium.sink.type=kafka
+debezium.source.topic.prefix=tutorial
+debezium.format.value=avro
+debezium.format.value.schema.registry.url=http://registry:8081
+debezium.format.value.basic.auth.user.info=u:p:w
+debezium.transforms=outbox
+debezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+debezium.transforms.outbox.route.by.field=kind
+`
+	c, err := ParseProperties(strings.NewReader(props))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Runtime != RuntimeServer || c.HeaderFormat != FormatJSONSchema || c.KeyFormat != FormatJSONSchema ||
+		c.ValueFormat != FormatAvro || c.RouteByField != "kind" || c.TopicPrefix != "tutorial" ||
+		!reflect.DeepEqual(c.RegistryURLs, []string{"http://registry:8081"}) || c.RegistryUser != "u" || c.RegistryPassword != "p:w" {
+		t.Fatalf("%+v", c)
+	}
+}
+
+func TestParsePropertiesErrors(t *testing.T) {
+	for _, props := range []string{
+		"transforms=o\ntransforms.o.type=io.debezium.transforms.outbox.EventRouter\ntransforms.o.route.by.feild=x", // typo
+		"table.op.invalid.behavior=sometimes",
+		"table.fields.additional.placement=a:top",
+		"table.expand.json.payload=yes",
+		"key.converter=io.confluent.connect.avro.AvroConverter",
+		"value.converter=com.example.Mine",
+	} {
+		if _, err := ParseProperties(strings.NewReader(props)); err == nil {
+			t.Errorf("%q: no error", props)
+		}
+	}
+}
+
+func TestJavaProperties(t *testing.T) {
+	p := parseJavaProperties([]byte("! comment\n  a = 1\nb:2\nc 3\nd\\ e=f\\u0041\\\n   g\r\nh=\\\nempty=\nk=v\\\\\nz=\n"))
+	want := map[string]string{"a": "1", "b": "2", "c": "3", "d e": "fAg", "h": "empty=", "z": "", "k": `v\`}
+	for k, v := range want {
+		if got, ok := p.get(k); !ok || got != v {
+			t.Errorf("%q = %q, %v; want %q", k, got, ok, v)
+		}
+	}
+}
+
+func TestRegisterFlagsEnv(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "router.properties")
+	if err := os.WriteFile(path, []byte("route.by.field=fromfile\ntable.field.event.key=filekey\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"OUTBOX_ROUTE_PROPERTIES":                  path,
+		"OUTBOX_ROUTE_BY_FIELD":                    "fromenv",
+		"OUTBOX_ROUTE_FIELDS_ADDITIONAL_PLACEMENT": "type:header",
+		"OUTBOX_ROUTE_TRACING":                     "false",
+	}
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	if err := c.RegisterFlags(fs, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Parse([]string{"-route-expand-json-payload", "-route-topic-replacement", "t.${routedByValue}"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.RouteByField != "fromenv" || c.FieldEventKey != "filekey" || c.Tracing || !c.ExpandJSONPayload ||
+		c.TopicReplacement != "t.${routedByValue}" || len(c.AdditionalFields) != 1 {
+		t.Fatalf("%+v", c)
+	}
+	bad := DefaultConfig()
+	if err := bad.RegisterFlags(flag.NewFlagSet("y", flag.ContinueOnError), func(k string) string {
+		return map[string]string{"OUTBOX_ROUTE_OP_INVALID_BEHAVIOR": "never"}[k]
+	}); err == nil || !strings.Contains(err.Error(), "OUTBOX_ROUTE_OP_INVALID_BEHAVIOR") {
+		t.Fatalf("bad env: %v", err)
+	}
+}
+
+// TestEnvVarsDocumented keeps docs/router.md's table in step with the code.
+func TestEnvVarsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/router.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range options {
+		row := "| " + dash(o.debezium) + " | `-" + o.flag + "` | `" + o.env + "` |"
+		if !strings.Contains(string(doc), row) {
+			t.Errorf("docs/router.md lacks the row %s", row)
+		}
+	}
+	for _, e := range EnvVars() {
+		if !strings.HasPrefix(e, "OUTBOX_ROUTE_") {
+			t.Errorf("%s is not OUTBOX_ROUTE_*", e)
+		}
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return "`" + s + "`"
+}
+
+func TestValidateDefaults(t *testing.T) {
+	c := DefaultConfig()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.TopicReplacement = "x.${nope}"
+	c.ValueFormat = FormatAvro
+	err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), "OUTBOX_ROUTE_TOPIC_REGEX") || !strings.Contains(err.Error(), "OUTBOX_ROUTE_REGISTRY_URL") {
+		t.Fatalf("%v", err)
+	}
+}

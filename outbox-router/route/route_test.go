@@ -1,0 +1,205 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func TestJavaDouble(t *testing.T) {
+	for _, c := range []struct {
+		f    float64
+		bits int
+		want string
+	}{
+		{1, 64, "1.0"}, {39.98, 64, "39.98"}, {1e7, 64, "1.0E7"}, {9999999, 64, "9999999.0"}, {0.001, 64, "0.001"},
+		{0.0001, 64, "1.0E-4"}, {1e21, 64, "1.0E21"}, {123456789.125, 64, "1.23456789125E8"}, {math.SmallestNonzeroFloat64, 64, "4.9E-324"},
+		{math.MaxFloat64, 64, "1.7976931348623157E308"}, {2e23, 64, "2.0E23"}, {-0.5, 64, "-0.5"}, {math.Copysign(0, -1), 64, "-0.0"},
+		{math.Inf(1), 64, "Infinity"}, {math.NaN(), 64, "NaN"}, {float64(float32(0.1)), 32, "0.1"}, {float64(float32(3.4e38)), 32, "3.4E38"},
+		{float64(math.SmallestNonzeroFloat32), 32, "1.4E-45"},
+	} {
+		if got := string(appendJavaDouble(nil, c.f, c.bits)); got != c.want {
+			t.Errorf("%v/%d: %s, want %s", c.f, c.bits, got, c.want)
+		}
+	}
+}
+
+func TestBigDecimal(t *testing.T) {
+	for in, want := range map[string]string{"12.50": "12.50", "0.00": "0.00", "-0.0000001": "-1E-7", "0.000001": "0.000001", "100": "100", "-3.14": "-3.14"} {
+		d, ok := parseDecimal([]byte(in))
+		if !ok || string(appendJavaBigDecimal(nil, d)) != want {
+			t.Errorf("%s: %s", in, appendJavaBigDecimal(nil, d))
+		}
+	}
+	for in, want := range map[int64]string{0: "00", 127: "7f", 128: "0080", -1: "ff", -128: "80", -129: "ff7f", 12345: "3039"} {
+		d, _ := parseDecimal([]byte(strings.TrimSpace(strings.Repeat(" ", 0) + itoa(in))))
+		if got := hexs(twosComplement(&d.unscaled)); got != want {
+			t.Errorf("%d: %s, want %s", in, got, want)
+		}
+	}
+}
+
+func itoa(i int64) string {
+	return strings.TrimSpace(string(appendJavaBigDecimal(nil, &decimal{unscaled: *bigInt(i)})))
+}
+
+func hexs(b []byte) string {
+	const h = "0123456789abcdef"
+	out := make([]byte, 0, 2*len(b))
+	for _, c := range b {
+		out = append(out, h[c>>4], h[c&15])
+	}
+	return string(out)
+}
+
+func TestTopicRule(t *testing.T) {
+	for _, c := range []struct{ re, repl, in, want string }{
+		{"(?<routedByValue>.*)", "outbox.event.${routedByValue}", "Order", "outbox.event.Order"},
+		{"(?<routedByValue>.*)", "outbox.event.${routedByValue}", "a\rb", "a\rb"}, // Java's . stops at \r: no match
+		{"(?<routedByValue>.*)", "x.\\$y", "v", "x.$y"},
+		{"(a)(b)?c", "$1-$2-$12", "ac", "a--a2"},
+		{"a|ab", "X", "ab", "Xb"}, // matches() is true; replaceFirst replaces find()'s "a"
+		{"[.]x", "y", ".x", "y"},
+	} {
+		r, err := compileTopicRule(c.re, c.repl)
+		if err != nil {
+			t.Fatalf("%s: %v", c.re, err)
+		}
+		if got := r.apply(c.in); got != c.want {
+			t.Errorf("%s / %s (%q): %q, want %q", c.re, c.repl, c.in, got, c.want)
+		}
+	}
+	for _, c := range [][2]string{{"(?<a_b>.*)", "x"}, {"(.*)", "$2"}, {"(.*)", "${x}"}, {"(.*)", "x\\"}, {"(.*)", "$"}, {"[a[b]]", "x"}, {"(?<=a)b", "x"}} {
+		if _, err := compileTopicRule(c[0], c[1]); err == nil {
+			t.Errorf("%q %q: no error", c[0], c[1])
+		}
+	}
+}
+
+func TestRouteNeverAliasesRow(t *testing.T) {
+	r, _ := New(DefaultConfig())
+	row := orderRow(orderPayload)
+	rec, err := r.Route(context.Background(), row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range row.Columns {
+		for j := range row.Columns[i].Value {
+			row.Columns[i].Value[j] = 'X'
+		}
+	}
+	if string(rec.Value) != orderPayload || string(rec.Key) != "1" {
+		t.Fatalf("the record changed with the row: %s", rec.Value)
+	}
+}
+
+func TestRouteClockAndErrors(t *testing.T) {
+	r, _ := New(DefaultConfig())
+	r.now = func() time.Time { return time.UnixMilli(42) }
+	row := orderRow(orderPayload)
+	row.Source.ProcessedTime = time.Time{}
+	rec, err := r.Route(context.Background(), row)
+	if err != nil || rec.Timestamp.UnixMilli() != 42 {
+		t.Fatalf("%v %v", rec, err)
+	}
+	if _, err := r.Route(context.Background(), nil); ClassOf(err) != ClassInvalidPayload {
+		t.Fatal(err)
+	}
+	row.Op = OpDelete
+	_, err = r.Route(context.Background(), row)
+	if !errors.Is(err, ErrSkip) || !ClassOf(err).Skip() || ClassOf(err).Poison() {
+		t.Fatal(err)
+	}
+}
+
+func TestDeadLetter(t *testing.T) {
+	row := &Row{Columns: []Column{{Name: "id", Type: OIDUUID, Value: []byte("e1")}, {Name: "payload", Type: OIDJSONB, Value: []byte(`{"a": "\u00e9"}`)}, {Name: "n", Type: OIDText, Null: true}},
+		Source: Source{LSN: 0x1_0000_00AB, CommitLSN: 0x2_0000_0001, Table: "public.outbox"}}
+	cause := &Error{Class: ClassInvalidTopic, Msg: "bad"}
+	rec := DeadLetter(row, "outbox.event.x y", cause, "outbox.dlq")
+	if rec.Topic != "outbox.dlq" || string(rec.Key) != "e1" || string(rec.Value) != `{"id":"e1","payload":"{\"a\": \"\\u00e9\"}","n":null}` {
+		t.Fatalf("%s", rec.Value)
+	}
+	want := map[string]string{"id": "e1", "error": cause.Error(), "error.class": "invalid-topic", "source.lsn": "1/AB", "source.commit.lsn": "2/1",
+		"source.table": "public.outbox", "column.types": `{"id":2950,"payload":3802,"n":25}`, "topic": "outbox.event.x y"}
+	for _, h := range rec.Headers {
+		if want[h.Key] != string(h.Value) {
+			t.Errorf("header %s=%s, want %s", h.Key, h.Value, want[h.Key])
+		}
+	}
+	if dl := DeadLetter(nil, "", nil, "d"); dl.Value == nil {
+		t.Fatal("nil row")
+	}
+}
+
+func TestRowFromMessage(t *testing.T) {
+	row, err := RowFromMessage([]byte(`{"id":"e1","aggregatetype":"Order","aggregateid":"1","type":"T","payload":{"a": 1},"tracingspancontext":"traceparent=x","n":3,"f":1.5,"b":true}`), Source{Message: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := row.Lookup("payload"); c.Type != OIDJSONB || string(c.Value) != `{"a": 1}` {
+		t.Fatalf("%+v", c)
+	}
+	if row.Lookup("n").Type != OIDInt8 || row.Lookup("f").Type != OIDFloat8 || string(row.Lookup("b").Value) != "t" || row.Lookup("tracingspancontext").Type != OIDText {
+		t.Fatalf("%+v", row.Columns)
+	}
+	r, _ := New(DefaultConfig())
+	rec, err := r.Route(context.Background(), row)
+	if err != nil || rec.Topic != "outbox.event.Order" || string(rec.Value) != `{"a": 1}` {
+		t.Fatalf("%v %v", rec, err)
+	}
+	for _, bad := range []string{`[]`, `{"id": 1}`, `{"id":"x"} {}`, `{`} {
+		if _, err := RowFromMessage([]byte(bad), Source{}); ClassOf(err) != ClassInvalidPayload {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}
+
+func TestPartitioner(t *testing.T) {
+	tp := Partitioner().ForTopic("t")
+	if p := tp.Partition(&kgo.Record{Partition: 3, Key: []byte("k")}, 8); p != 3 {
+		t.Fatal(p)
+	}
+	k := &kgo.Record{Partition: -1, Key: []byte("k")}
+	if p := tp.Partition(k, 8); p != tp.Partition(k, 8) || !tp.RequiresConsistency(k) {
+		t.Fatal("keyed records must hash consistently")
+	}
+}
+
+func TestFormatLSN(t *testing.T) {
+	if got := FormatLSN(0x16B3748); got != "0/16B3748" {
+		t.Fatal(got)
+	}
+}
+
+func bigInt(i int64) *bigIntT { v := new(bigIntT); v.SetInt64(i); return v }
+
+type bigIntT = big.Int
+
+func TestRouteConcurrent(t *testing.T) {
+	r, _ := New(DefaultConfig())
+	done := make(chan struct{})
+	for g := 0; g < 4; g++ {
+		go func(g int) {
+			defer func() { done <- struct{}{} }()
+			for i := 0; i < 200; i++ {
+				row := orderRow(orderPayload)
+				row.Columns[1].Value = []byte("T" + strings.Repeat("x", (g*200+i)%7))
+				rec, err := r.Route(context.Background(), row)
+				if err != nil || !strings.HasPrefix(rec.Topic, "outbox.event.T") {
+					t.Errorf("%v %v", rec, err)
+					return
+				}
+			}
+		}(g)
+	}
+	for g := 0; g < 4; g++ {
+		<-done
+	}
+}
