@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	log := newLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("component", "connector")
 	m := metrics.New()
-	router, err := route.New(route.DefaultConfig())
+	router, err := route.NewContext(ctx, cfg.Route)
 	if err != nil {
 		return fmt.Errorf("router settings: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
 
 // Config holds every connector setting.
@@ -58,6 +59,10 @@ type Config struct {
 	LogFormat string
 
 	Kafka kafkaopt.Config
+	// Route holds the Outbox Event Router options (OUTBOX_ROUTE_*, or a
+	// Debezium properties file in OUTBOX_ROUTE_PROPERTIES); Debezium's
+	// defaults.
+	Route route.Config
 	// Compression is the producer codec: none, gzip, snappy, lz4, zstd
 	// (OUTBOX_KAFKA_COMPRESSION, default lz4).
 	Compression string
@@ -77,7 +82,8 @@ type Config struct {
 	// TopicConfigs for created topics, k=v,k=v (OUTBOX_TOPIC_CONFIGS).
 	TopicConfigs string
 
-	envs []string
+	envs     []string
+	routeErr error
 }
 
 // Bind registers every setting on fs with getenv supplying defaults.
@@ -106,7 +112,9 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Int(&c.TopicPartitions, "topic-partitions", "OUTBOX_TOPIC_PARTITIONS", 6, "partitions of created topics")
 	b.Int(&c.TopicReplicationFactor, "topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the broker's default)")
 	b.String(&c.TopicConfigs, "topic-configs", "OUTBOX_TOPIC_CONFIGS", "", "configs of created topics, k=v,k=v")
-	c.envs = b.EnvVars()
+	c.Route = route.DefaultConfig()
+	c.routeErr = c.Route.RegisterFlags(fs, getenv)
+	c.envs = append(b.EnvVars(), route.EnvVars()...)
 	return b
 }
 
@@ -123,6 +131,9 @@ var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // Validate checks the settings and says how to fix what is wrong.
 func (c *Config) Validate() error {
 	var errs []error
+	if c.routeErr != nil {
+		errs = append(errs, c.routeErr)
+	}
 	if c.PGDSN == "" {
 		errs = append(errs, errors.New("OUTBOX_PG_DSN: missing; set it to postgres://user@host:5432/db"))
 	} else if _, err := pgconn.ParseConfig(c.PGDSN); err != nil {

@@ -90,6 +90,9 @@ func ClientOpts(maxBuffered, maxMessageBytes int, compression string, linger tim
 		// A topic just created has no leaders for a moment; the default
 		// 5s between metadata refreshes would stall its first records.
 		kgo.MetadataMinAge(250 * time.Millisecond),
+		// Kafka's default partitioning (murmur2 of the key), unless a
+		// partition placement of the router chose the partition.
+		kgo.RecordPartitioner(route.Partitioner()),
 	}
 }
 
@@ -174,15 +177,36 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 	if ev.Err != nil {
 		return p.deadLetter(ctx, ev, "", ev.Err)
 	}
-	rec, err := p.router.Route(ctx, ev.Row)
-	if err != nil {
-		var re *route.Error
-		if errors.As(err, &re) {
-			return p.deadLetter(ctx, ev, intendedTopic(err), err)
+	backoff := 100 * time.Millisecond
+	for {
+		rec, err := p.router.Route(ctx, ev.Row)
+		if err == nil {
+			return p.produce(ctx, ev, rec)
 		}
-		return fmt.Errorf("route event: %w", err)
+		class := route.ClassOf(err)
+		switch {
+		case class.Skip():
+			// Debezium's EventRouter skips this row (a delete, or an update
+			// under table.op.invalid.behavior=warn): so do we, counted.
+			p.metrics.Ignored.WithLabelValues("router-skip").Inc()
+			ev.Txn.Done()
+			return nil
+		case class.Fatal():
+			return &wal.FatalError{Msg: "the router refused a row (table.op.invalid.behavior=fatal)", Err: err}
+		case class.Retryable():
+			p.log.Warn("routing needs the schema registry, which failed; retrying", "err", err, "backoff", backoff)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 10*time.Second)
+		case class != "":
+			return p.deadLetter(ctx, ev, intendedTopic(err), err)
+		default:
+			return fmt.Errorf("route event: %w", err)
+		}
 	}
-	return p.produce(ctx, ev, rec)
 }
 
 func intendedTopic(err error) string {
@@ -287,7 +311,7 @@ func (p *Producer) drainRetries(ctx context.Context) error {
 			}
 		default:
 			p.log.Warn("re-producing a record that failed", "topic", r.Topic, "err", pr.err)
-			rec := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+			rec := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp, Partition: -1}
 			p.client.Produce(ctx, rec, func(r *kgo.Record, err error) { p.done(pr.ev, r, err) })
 		}
 	}
