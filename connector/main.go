@@ -17,10 +17,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/connector/config"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
+	"github.com/pgoutbox/pgoutbox/connector/publish"
+	"github.com/pgoutbox/pgoutbox/connector/redrive"
 	"github.com/pgoutbox/pgoutbox/connector/relay"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
@@ -43,10 +47,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return probe.Run(ctx, args[1])
 	}
+	redriveFrom := ""
+	if len(args) > 0 && args[0] == "redrive" {
+		args = args[1:]
+		redriveFrom = "table"
+	}
 	fs := flag.NewFlagSet("connector", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config.Config
 	b := cfg.Bind(fs, getenv)
+	group := "outbox-redrive"
+	if redriveFrom != "" {
+		fs.StringVar(&redriveFrom, "from", "table", "redrive: where the dead letters are: table (outbox_dead_letter) or topic (OUTBOX_DLQ_TOPIC)")
+		fs.StringVar(&group, "group", group, "redrive -from topic: consumer group whose offsets remember what was redriven")
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -57,6 +71,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := newLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("component", "connector")
+	if redriveFrom != "" {
+		return redriveCmd(ctx, cfg, redriveFrom, group, log, stdout)
+	}
 	m := metrics.New()
 	router, err := route.NewContext(ctx, cfg.Route)
 	if err != nil {
@@ -143,4 +160,44 @@ func newLogger(w io.Writer, level, format string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// redriveCmd re-publishes dead letters with the current settings.
+func redriveCmd(ctx context.Context, cfg config.Config, from, group string, log *slog.Logger, stdout io.Writer) error {
+	router, err := route.NewContext(ctx, cfg.Route)
+	if err != nil {
+		return fmt.Errorf("router settings: %w", err)
+	}
+	opts := append(cfg.Kafka.Opts(log), publish.ClientOpts(cfg.MaxInFlight, cfg.MaxMessageBytes, cfg.Compression, cfg.Linger)...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("Kafka client settings (OUTBOX_KAFKA_*): %w", err)
+	}
+	defer cl.Close()
+	rd := &redrive.Redriver{Router: router, Client: cl, MaxMessageBytes: cfg.MaxMessageBytes, Log: log.With("component", "redrive")}
+	var res redrive.Result
+	switch from {
+	case "table":
+		pool, err := pgxpool.New(ctx, cfg.PGDSN)
+		if err != nil {
+			return fmt.Errorf("OUTBOX_PG_DSN: %s", config.RedactError(err, cfg.PGDSN))
+		}
+		defer pool.Close()
+		res, err = rd.FromTable(ctx, pool)
+		if err != nil {
+			return err
+		}
+	case "topic":
+		res, err = rd.FromTopic(ctx, cfg.Kafka.Opts(log), cfg.DLQTopic, group)
+		if err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("-from %q: use table or topic", from)
+	}
+	fmt.Fprintf(stdout, "redrive from %s: %d published, %d still failing\n", from, res.Published, res.Failed)
+	if res.Failed > 0 {
+		return fmt.Errorf("%d dead letters still cannot be published; they are kept (see the log for why)", res.Failed)
+	}
+	return nil
 }

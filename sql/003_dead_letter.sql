@@ -8,9 +8,13 @@ CREATE TABLE IF NOT EXISTS public.outbox_dead_letter (
     type          text,
     payload       text,                               -- as stored, in its text form
     row_data      jsonb        NOT NULL,              -- every original column, as text
+    column_types  jsonb,                              -- column name -> PostgreSQL type OID
     topic         text,                               -- the topic the event was meant for
     error         text         NOT NULL,
     error_class   text         NOT NULL,
     source_lsn    pg_lsn,
     created_at    timestamptz  NOT NULL DEFAULT now()
 );
+
+-- Added after the first release of this file: keep applying it harmless.
+ALTER TABLE public.outbox_dead_letter ADD COLUMN IF NOT EXISTS column_types jsonb;

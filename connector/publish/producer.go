@@ -389,8 +389,8 @@ func classOf(err error) string {
 }
 
 const insertDeadLetter = `
-INSERT INTO public.outbox_dead_letter (id, aggregatetype, aggregateid, type, payload, row_data, topic, error, error_class, source_lsn)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::pg_lsn)
+INSERT INTO public.outbox_dead_letter (id, aggregatetype, aggregateid, type, payload, row_data, column_types, topic, error, error_class, source_lsn)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::pg_lsn)
 ON CONFLICT (id) DO NOTHING`
 
 // deadLetterTable keeps an event whole in outbox_dead_letter (synchronously,
@@ -405,10 +405,13 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, intended s
 		return nil
 	}
 	obj := make(map[string]*string, len(row.Columns))
+	types := make(map[string]uint32, len(row.Columns))
 	for _, c := range row.Columns {
 		obj[c.Name] = col(c.Name)
+		types[c.Name] = c.Type
 	}
 	data, _ := json.Marshal(obj)
+	typeData, _ := json.Marshal(types)
 	id := col("id")
 	if id == nil {
 		s := "lsn:" + strconv.FormatUint(row.Source.LSN, 10)
@@ -418,7 +421,7 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, intended s
 	backoff := 100 * time.Millisecond
 	for {
 		_, err := p.pool.Exec(ctx, insertDeadLetter, *id, col("aggregatetype"), col("aggregateid"), col("type"), col("payload"),
-			data, intended, cause.Error(), class, wal.FormatLSN(row.Source.LSN))
+			data, typeData, intended, cause.Error(), class, wal.FormatLSN(row.Source.LSN))
 		if err == nil {
 			break
 		}

@@ -91,4 +91,3 @@ func TestDebeziumCutover(t *testing.T) {
 		t.Errorf("adopted slot: snapshot_done = %v, %v; want true (adopted as it is, no snapshot)", snapshotDone, err)
 	}
 }
-

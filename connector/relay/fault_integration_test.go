@@ -370,4 +370,3 @@ func metricValue(t testing.TB, run *running, name string) string {
 	}
 	return strings.Join(parts, " ")
 }
-

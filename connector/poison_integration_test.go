@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+)
+
+// TestPoisonDeadLetteredAndRedriven: an event whose routed topic Kafka would
+// reject goes whole to the DLQ topic, and one larger than the record limit
+// whole to the outbox_dead_letter table, each with its reason, while the
+// events around them flow on; after the fix (a router setting, a larger
+// limit) `connector redrive` publishes them and removes them.
+func TestPoisonDeadLetteredAndRedriven(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	bin := testenv.Binary(t, "connector")
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	aggType, dlq := "poison"+suffix, "dlq"+suffix
+	env := connectorEnv(pg, brokers, "OUTBOX_KAFKA_MAX_MESSAGE_BYTES", "4096", "OUTBOX_DLQ_TOPIC", dlq)
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	dc := testenv.StartConsumer(t, brokers, dlq)
+	p := testenv.StartProc(t, bin, env)
+	waitOutput(t, p, "msg=streaming", 60*time.Second)
+
+	w := testenv.NewWriter()
+	w.Write(t, ctx, conn, aggType, 50, 5, 5)
+	badID, bigID := uuid.NewString(), uuid.NewString()
+	bigPayload := `{"pad": "` + strings.Repeat("z", 10000) + `"}`
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES
+		($1, $2, 'a1', 'Bad', '{"bad": true}'), ($3, $4, 'a2', 'Big', $5)`, badID, "bad type!"+suffix, bigID, aggType, bigPayload); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(t, ctx, conn, aggType, 50, 5, 5)
+	c.WaitFor(t, w.Events, time.Minute)
+	dc.WaitFor(t, []testenv.Event{{ID: badID}}, time.Minute)
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, tail(p.Output()))
+	}
+	if dups := c.Verify(t, w.Events); dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+	// The DLQ record keeps the row whole, with its reason.
+	var found bool
+	for _, r := range dc.Records() {
+		if testenv.Header(r, "id") != badID {
+			continue
+		}
+		found = true
+		if got := testenv.Header(r, "error.class"); got != "invalid-topic" {
+			t.Errorf("DLQ error.class = %q, want invalid-topic", got)
+		}
+		if got := testenv.Header(r, "topic"); !strings.Contains(got, "bad type!") && got != "" {
+			t.Errorf("DLQ topic header = %q", got)
+		}
+		if !strings.Contains(string(r.Value), `"aggregatetype":"bad type!`+suffix+`"`) || !strings.Contains(string(r.Value), `{\"bad\": true}`) {
+			t.Errorf("DLQ value does not hold the row whole: %s", r.Value)
+		}
+		t.Logf("DLQ record: error=%q value=%s", testenv.Header(r, "error"), r.Value)
+	}
+	if !found {
+		t.Fatal("the unroutable event is not in the DLQ topic")
+	}
+	var class, payload string
+	if err := conn.QueryRow(ctx, "SELECT error_class, payload FROM outbox_dead_letter WHERE id = $1", bigID).Scan(&class, &payload); err != nil {
+		t.Fatalf("the oversized event is not in outbox_dead_letter: %v", err)
+	}
+	if class != "record-too-large" || payload != bigPayload {
+		t.Errorf("dead-letter row: class %q, payload of %d bytes; want record-too-large and the %d-byte payload", class, len(payload), len(bigPayload))
+	}
+
+	// The fixes: a larger record limit; a router setting that maps the bad
+	// aggregate type to a legal topic.
+	redrive := func(extra ...string) {
+		t.Helper()
+		from := extra[len(extra)-1]
+		extra = extra[:len(extra)-2]
+		e := connectorEnv(pg, brokers, append([]string{"OUTBOX_DLQ_TOPIC", dlq}, extra...)...)
+		args := []string{"redrive", "-from", from}
+		rp := testenv.StartProc(t, bin, e, args...)
+		if code := rp.Wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("redrive %v: exit %d\n%s", args, code, rp.Output())
+		}
+		t.Logf("redrive %v: %s", args, strings.TrimSpace(lastLine(rp.Output())))
+	}
+	redrive("OUTBOX_KAFKA_MAX_MESSAGE_BYTES", "1048576", "FROM", "table")
+	var left int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox_dead_letter").Scan(&left); err != nil || left != 0 {
+		t.Errorf("outbox_dead_letter holds %d rows after redrive (%v); want 0", left, err)
+	}
+	c.WaitFor(t, []testenv.Event{{ID: bigID}}, 30*time.Second)
+	fixed := testenv.StartConsumer(t, brokers, "outbox.event.fixed"+suffix)
+	redrive("OUTBOX_ROUTE_TOPIC_REGEX", `bad type!(?<routedByValue>.*)`, "OUTBOX_ROUTE_TOPIC_REPLACEMENT", "outbox.event.fixed${routedByValue}", "FROM", "topic")
+	fixed.WaitFor(t, []testenv.Event{{ID: badID}}, 30*time.Second)
+	// A second run finds nothing left to redrive.
+	redrive("OUTBOX_ROUTE_TOPIC_REGEX", `bad type!(?<routedByValue>.*)`, "OUTBOX_ROUTE_TOPIC_REPLACEMENT", "outbox.event.fixed${routedByValue}", "FROM", "topic")
+	time.Sleep(time.Second)
+	if n := fixed.Count(); n != 1 {
+		t.Errorf("the redriven event reached its topic %d times; want once", n)
+	}
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
