@@ -24,3 +24,14 @@ fi
 command -v java >/dev/null || { echo "install.sh: Java 17+ is required for the Kafka broker" >&2; exit 1; }
 command -v mvn >/dev/null || { echo "install.sh: Maven is required to resolve Kafka from Maven Central" >&2; exit 1; }
 "$here/kafka.sh" install
+
+# promtool checks slotwatch's shipped alert rules. Built once per machine from
+# the Go module proxy into the cache (never into our go.mod); the version is
+# the one slotwatch/rules/rules_test.go pins.
+promtool_version="$(sed -n 's/^const promtoolVersion = "\(.*\)"/\1/p' "$here/../slotwatch/rules/rules_test.go")"
+promtool_dir="${XDG_CACHE_HOME:-$HOME/.cache}/pgoutbox/promtool-$promtool_version"
+if [[ -n "$promtool_version" && ! -x "$promtool_dir/promtool" ]]; then
+	echo "install.sh: building promtool $promtool_version (once per machine, a few minutes)" >&2
+	(cd /tmp && GOWORK=off GOBIN="$promtool_dir" go install "github.com/prometheus/prometheus/cmd/promtool@$promtool_version") ||
+		{ echo "install.sh: building promtool failed" >&2; exit 1; }
+fi

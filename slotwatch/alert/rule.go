@@ -1,0 +1,336 @@
+package alert
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/slotwatch/watch"
+)
+
+// Alert names: the alertname label, part of slotwatch's interface. The
+// shipped Prometheus rules (slotwatch/rules) use the same names.
+const (
+	SlotLagHigh               = "SlotLagHigh"
+	SlotLagCritical           = "SlotLagCritical"
+	SlotLagSecondsHigh        = "SlotLagSecondsHigh"
+	SlotInactive              = "SlotInactive"
+	SlotWALUnreserved         = "SlotWALUnreserved"
+	SlotInvalidated           = "SlotInvalidated"
+	SlotTimeToInvalidationLow = "SlotTimeToInvalidationLow"
+	SlotCatalogXminAgeHigh    = "SlotCatalogXminAgeHigh"
+	RiskyConfiguration        = "RiskyConfiguration"
+	DatabaseUnreachable       = "DatabaseUnreachable"
+)
+
+// Severities (the severity label).
+const (
+	Warning  = "warning"
+	Critical = "critical"
+)
+
+// Thresholds are the levels the slot alerts compare against.
+type Thresholds struct {
+	LagWarnBytes         int64
+	LagCritBytes         int64
+	LagWarnTime          time.Duration
+	InactiveWarnTime     time.Duration
+	InvalidationCritTime time.Duration
+	XminAgeWarn          int64
+}
+
+// Rule is one alert slotwatch evaluates on every report.
+type Rule struct {
+	Name     string
+	Severity string
+	// For is how long the condition must hold before the alert fires (its
+	// default; SLOTWATCH_ALERT_FOR replaces it).
+	For time.Duration
+	// Condition says, for the documentation, when the alert fires.
+	Condition string
+	eval      func(r *watch.Report, th Thresholds) []finding
+}
+
+// finding is one instance of a rule's condition holding.
+type finding struct {
+	slot        *watch.SlotReport // nil for a server-wide alert
+	labels      map[string]string // beyond alertname, severity and the slot's
+	value       float64
+	summary     string
+	description string
+	recovery    string
+}
+
+// Rules lists every alert with its default for-duration, in the order the
+// documentation gives them.
+func Rules() []Rule {
+	return []Rule{
+		{Name: SlotLagHigh, Severity: Warning, For: 5 * time.Minute,
+			Condition: "slotwatch_slot_lag_bytes > SLOTWATCH_LAG_WARN_BYTES", eval: evalLagBytes(false)},
+		{Name: SlotLagCritical, Severity: Critical, For: 5 * time.Minute,
+			Condition: "slotwatch_slot_lag_bytes > SLOTWATCH_LAG_CRIT_BYTES", eval: evalLagBytes(true)},
+		{Name: SlotLagSecondsHigh, Severity: Warning, For: 5 * time.Minute,
+			Condition: "slotwatch_slot_lag_seconds > SLOTWATCH_LAG_WARN_TIME", eval: evalLagSeconds},
+		{Name: SlotInactive, Severity: Warning, For: time.Minute,
+			Condition: "slotwatch_slot_inactive_seconds > SLOTWATCH_INACTIVE_WARN_TIME", eval: evalInactive},
+		{Name: SlotWALUnreserved, Severity: Critical, For: 0,
+			Condition: `wal_status = 'unreserved': the next checkpoint removes WAL the slot needs`, eval: evalUnreserved},
+		{Name: SlotInvalidated, Severity: Critical, For: 0,
+			Condition: "wal_status = 'lost', invalidation_reason set (17+) or conflicting (16+)", eval: evalInvalidated},
+		{Name: SlotTimeToInvalidationLow, Severity: Critical, For: 5 * time.Minute,
+			Condition: "slotwatch_slot_time_to_invalidation_seconds < SLOTWATCH_INVALIDATION_CRIT_TIME", eval: evalTimeToInvalidation},
+		{Name: SlotCatalogXminAgeHigh, Severity: Warning, For: 15 * time.Minute,
+			Condition: "slotwatch_slot_catalog_xmin_age > SLOTWATCH_XMIN_AGE_WARN", eval: evalXminAge},
+		{Name: RiskyConfiguration, Severity: Warning, For: 10 * time.Minute,
+			Condition: "max_slot_wal_keep_size = -1: a stuck slot may fill the primary's disk", eval: evalRisky},
+		{Name: DatabaseUnreachable, Severity: Critical, For: time.Minute,
+			Condition: "slotwatch_up == 0: slotwatch cannot query the server", eval: evalUnreachable},
+	}
+}
+
+// Names lists the alert names.
+func Names() []string {
+	var out []string
+	for _, r := range Rules() {
+		out = append(out, r.Name)
+	}
+	return out
+}
+
+// slotWhere names a slot at the start of a sentence.
+func slotWhere(r *watch.Report, s *watch.SlotReport) string {
+	if s.Database != "" {
+		return fmt.Sprintf("Slot %q (%s, database %s) on %s", s.Name, s.Type, s.Database, r.Server)
+	}
+	return fmt.Sprintf("Slot %q (%s) on %s", s.Name, s.Type, r.Server)
+}
+
+// consumer names who should be reading the slot.
+func consumer(s *watch.SlotReport) string {
+	if s.Type == "physical" {
+		return "its standby (or pg_receivewal)"
+	}
+	return "its consumer (the outbox connector, for the relay's slot)"
+}
+
+func eachSlot(r *watch.Report, f func(s *watch.SlotReport) *finding) []finding {
+	var out []finding
+	for i := range r.Slots {
+		if fd := f(&r.Slots[i]); fd != nil {
+			fd.slot = &r.Slots[i]
+			out = append(out, *fd)
+		}
+	}
+	return out
+}
+
+func evalLagBytes(crit bool) func(*watch.Report, Thresholds) []finding {
+	return func(r *watch.Report, th Thresholds) []finding {
+		limit, level := th.LagWarnBytes, "SLOTWATCH_LAG_WARN_BYTES"
+		if crit {
+			limit, level = th.LagCritBytes, "SLOTWATCH_LAG_CRIT_BYTES"
+		}
+		return eachSlot(r, func(s *watch.SlotReport) *finding {
+			if !s.LagBytesOK || s.LagBytes <= limit {
+				return nil
+			}
+			return &finding{
+				value:   float64(s.LagBytes),
+				summary: fmt.Sprintf("Replication slot %s is %s behind", s.Name, Bytes(s.LagBytes)),
+				description: fmt.Sprintf("%s is %s behind the current WAL position (%s: %s); PostgreSQL keeps %s of WAL for it. "+
+					"Check that %s is running and confirming: its logs, its downstream (Kafka), and pg_stat_replication.",
+					slotWhere(r, s), Bytes(s.LagBytes), level, Bytes(limit), Bytes(s.RetainedBytes), consumer(s)),
+			}
+		})
+	}
+}
+
+func evalLagSeconds(r *watch.Report, th Thresholds) []finding {
+	return eachSlot(r, func(s *watch.SlotReport) *finding {
+		if !s.LagSecondsOK || s.LagSeconds <= th.LagWarnTime.Seconds() {
+			return nil
+		}
+		atLeast := ""
+		if s.LagSecondsLowerBound {
+			atLeast = "at least "
+		}
+		return &finding{
+			value:   s.LagSeconds,
+			summary: fmt.Sprintf("Replication slot %s is %s%s behind", s.Name, atLeast, Duration(s.LagSeconds)),
+			description: fmt.Sprintf("%s has not confirmed WAL written %s%s ago (SLOTWATCH_LAG_WARN_TIME: %s): changes reach its consumer that late. "+
+				"Check the throughput of %s and whether its downstream (Kafka) is slow or unavailable.",
+				slotWhere(r, s), atLeast, Duration(s.LagSeconds), th.LagWarnTime, consumer(s)),
+		}
+	})
+}
+
+func evalInactive(r *watch.Report, th Thresholds) []finding {
+	return eachSlot(r, func(s *watch.SlotReport) *finding {
+		if s.Active || s.InactiveSeconds <= th.InactiveWarnTime.Seconds() {
+			return nil
+		}
+		return &finding{
+			value:   s.InactiveSeconds,
+			summary: fmt.Sprintf("Replication slot %s has had no consumer for %s", s.Name, Duration(s.InactiveSeconds)),
+			description: fmt.Sprintf("%s has not been streamed for %s (SLOTWATCH_INACTIVE_WARN_TIME: %s) and holds %s of WAL. "+
+				"Start %s or, if the slot is abandoned, drop it with pg_drop_replication_slot('%s') — "+
+				"dropping it loses the events it has not delivered.",
+				slotWhere(r, s), Duration(s.InactiveSeconds), th.InactiveWarnTime, Bytes(s.RetainedBytes), consumer(s), s.Name),
+		}
+	})
+}
+
+func evalUnreserved(r *watch.Report, _ Thresholds) []finding {
+	return eachSlot(r, func(s *watch.SlotReport) *finding {
+		if s.WALStatus != "unreserved" {
+			return nil
+		}
+		return &finding{
+			value:   1,
+			summary: fmt.Sprintf("Replication slot %s is about to lose its WAL", s.Name),
+			description: fmt.Sprintf("%s retains %s, more than max_slot_wal_keep_size allows (wal_status unreserved): the next checkpoint removes WAL it needs "+
+				"and invalidates it, skipping every event it has not delivered. Now: get %s to catch up, or raise max_slot_wal_keep_size "+
+				"(ALTER SYSTEM SET max_slot_wal_keep_size = '…'; SELECT pg_reload_conf()) if the disk allows.",
+				slotWhere(r, s), Bytes(s.RetainedBytes), consumer(s)),
+		}
+	})
+}
+
+// Recovery says what an operator does about an invalidated slot, by reason.
+func Recovery(slot, reason string) string {
+	common := fmt.Sprintf("The slot cannot be used again: events after its confirmed position are gone from it. Stop the connector "+
+		"(it refuses to continue, and never recreates a slot silently), then drop the slot (SELECT pg_drop_replication_slot('%s')), "+
+		"let the connector create it anew and re-publish the outbox rows committed since the last event Kafka holds (consumers deduplicate by event id).", slot)
+	switch reason {
+	case "wal_removed":
+		return common + " Then prevent a repeat: find why the consumer fell behind, and size max_slot_wal_keep_size for the longest outage to survive."
+	case "rows_removed":
+		return common + " The primary's VACUUM removed catalog rows the slot needed (on a standby): use a physical slot with hot_standby_feedback = on between primary and standby."
+	case "wal_level_insufficient":
+		return common + " The primary's wal_level is below logical: set wal_level = logical on the primary (restart needed) before recreating the slot."
+	case "idle_timeout":
+		return common + " It was inactive longer than idle_replication_slot_timeout: raise or disable that setting if the consumer may be down that long."
+	case "rows_removed_or_wal_level_insufficient":
+		return common + " It conflicted with recovery (the primary removed catalog rows it needed, or wal_level fell below logical): use hot_standby_feedback with a physical slot, and keep wal_level = logical on the primary."
+	}
+	return common
+}
+
+func evalInvalidated(r *watch.Report, _ Thresholds) []finding {
+	return eachSlot(r, func(s *watch.SlotReport) *finding {
+		bad, reason := s.Invalidated()
+		if !bad {
+			return nil
+		}
+		return &finding{
+			value:   1,
+			labels:  map[string]string{"reason": reason},
+			summary: fmt.Sprintf("Replication slot %s is invalidated (%s)", s.Name, reason),
+			description: fmt.Sprintf("%s was invalidated, reason %s (wal_status %s): WAL or catalog rows it needed were removed and the events "+
+				"after its confirmed position %s cannot be decoded from it.", slotWhere(r, s), reason, orNull(s.WALStatus), s.ConfirmedFlushLSN),
+			recovery: Recovery(s.Name, reason),
+		}
+	})
+}
+
+func evalTimeToInvalidation(r *watch.Report, th Thresholds) []finding {
+	return eachSlot(r, func(s *watch.SlotReport) *finding {
+		if bad, _ := s.Invalidated(); bad || !s.TimeToInvalidationOK || math.IsInf(s.TimeToInvalidation, 1) ||
+			s.TimeToInvalidation >= th.InvalidationCritTime.Seconds() {
+			return nil
+		}
+		safe := int64(0)
+		if s.SafeWALSize != nil {
+			safe = max(0, *s.SafeWALSize)
+		}
+		return &finding{
+			value:   s.TimeToInvalidation,
+			summary: fmt.Sprintf("Replication slot %s may be invalidated in %s", s.Name, Duration(s.TimeToInvalidation)),
+			description: fmt.Sprintf("%s reaches max_slot_wal_keep_size in %s at the current WAL rate of %s/s (safe_wal_size %s, SLOTWATCH_INVALIDATION_CRIT_TIME %s); "+
+				"then it is invalidated and its undelivered events skipped. Get %s to catch up, or raise max_slot_wal_keep_size.",
+				slotWhere(r, s), Duration(s.TimeToInvalidation), Bytes(int64(r.WALRate)), Bytes(safe), th.InvalidationCritTime, consumer(s)),
+		}
+	})
+}
+
+func evalXminAge(r *watch.Report, th Thresholds) []finding {
+	return eachSlot(r, func(s *watch.SlotReport) *finding {
+		if s.CatalogXminAge == nil || *s.CatalogXminAge <= th.XminAgeWarn {
+			return nil
+		}
+		return &finding{
+			value:   float64(*s.CatalogXminAge),
+			summary: fmt.Sprintf("Replication slot %s holds back catalog vacuum by %d transactions", s.Name, *s.CatalogXminAge),
+			description: fmt.Sprintf("%s has catalog_xmin %s, %d transactions old (SLOTWATCH_XMIN_AGE_WARN: %d): VACUUM cannot remove dead catalog rows "+
+				"newer than it, so catalogs bloat and, in the end, freezing is blocked. Get %s to catch up, or drop the slot if abandoned.",
+				slotWhere(r, s), s.CatalogXmin, *s.CatalogXminAge, th.XminAgeWarn, consumer(s)),
+		}
+	})
+}
+
+func evalRisky(r *watch.Report, _ Thresholds) []finding {
+	if r.Settings.MaxSlotWALKeepSize == nil || *r.Settings.MaxSlotWALKeepSize != -1 {
+		return nil
+	}
+	return []finding{{
+		labels:  map[string]string{"setting": "max_slot_wal_keep_size"},
+		value:   -1,
+		summary: fmt.Sprintf("%s lets replication slots retain unlimited WAL", r.Server),
+		description: fmt.Sprintf("max_slot_wal_keep_size is -1 on %s (%d slots): a stuck consumer makes the primary keep WAL until its disk is full and it stops. "+
+			"Set a limit the disk can hold (ALTER SYSTEM SET max_slot_wal_keep_size = '…'; SELECT pg_reload_conf()); past it the slot is invalidated "+
+			"instead, which slotwatch alerts on well before.", r.Server, len(r.Slots)),
+	}}
+}
+
+func evalUnreachable(r *watch.Report, _ Thresholds) []finding {
+	if r.Up {
+		return nil
+	}
+	return []finding{{
+		value:   1,
+		summary: fmt.Sprintf("slotwatch cannot reach %s", r.Server),
+		description: fmt.Sprintf("slotwatch cannot query %s since %s: %s. Slot lag and WAL retention are unknown while it lasts; "+
+			"check that the server is up and reachable and that slotwatch's role may connect.", r.Server, r.DownSince.UTC().Format(time.RFC3339), r.Err),
+	}}
+}
+
+func orNull(s string) string {
+	if s == "" {
+		return "NULL"
+	}
+	return s
+}
+
+// Bytes formats a size for people: 1.5 GiB.
+func Bytes(n int64) string {
+	f := float64(n)
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
+	i := 0
+	for math.Abs(f) >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	if i == 0 {
+		return fmt.Sprintf("%d B", n)
+	}
+	s := fmt.Sprintf("%.1f", f)
+	return strings.TrimSuffix(s, ".0") + " " + units[i]
+}
+
+// Duration formats seconds for people: 3h12m, 45s.
+func Duration(sec float64) string {
+	if math.IsInf(sec, 1) {
+		return "∞"
+	}
+	d := time.Duration(sec * float64(time.Second))
+	switch {
+	case d < 10*time.Second:
+		return d.Round(100 * time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+	return fmt.Sprintf("%.1fd", d.Hours()/24)
+}

@@ -1,0 +1,188 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse(nil, env(map[string]string{"SLOTWATCH_PG_DSN": "postgres://u@db:5432/app"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != DefaultListen || c.Interval != 10*time.Second || c.LagWarnBytes != 1<<30 || c.LagCritBytes != 10<<30 ||
+		c.AlertRepeat != 4*time.Hour || c.LogLevel != "info" || c.AlertFor != "" {
+		t.Errorf("defaults: %+v", c)
+	}
+	if d, err := c.AlertForOverride(); d != nil || err != nil {
+		t.Errorf("AlertForOverride = %v, %v; want unset", d, err)
+	}
+	if got := c.GeneratorURL(); got != "http://127.0.0.1:9188/" {
+		t.Errorf("GeneratorURL = %q", got)
+	}
+}
+
+func TestFlagsOverrideEnv(t *testing.T) {
+	c, err := Parse([]string{"-interval", "2s", "-alert-for", "0s"}, env(map[string]string{
+		"SLOTWATCH_PG_DSN":   "postgres://u@db/app",
+		"SLOTWATCH_INTERVAL": "30s",
+		"SLOTWATCH_LISTEN":   ":9999",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Interval != 2*time.Second || c.Listen != ":9999" {
+		t.Errorf("interval %s listen %s", c.Interval, c.Listen)
+	}
+	if d, _ := c.AlertForOverride(); d == nil || *d != 0 {
+		t.Errorf("AlertForOverride = %v, want 0s", d)
+	}
+	if got := c.GeneratorURL(); got != "http://localhost:9999/" {
+		t.Errorf("GeneratorURL = %q", got)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var out strings.Builder
+	_, err := Parse([]string{"-help"}, env(nil), &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v", err)
+	}
+	for _, v := range EnvVars() {
+		if !strings.Contains(out.String(), v) {
+			t.Errorf("-help does not mention %s", v)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	base := map[string]string{"SLOTWATCH_PG_DSN": "postgres://u@db/app"}
+	tests := []struct {
+		name string
+		set  map[string]string
+		args []string
+		want string // the variable the error names
+	}{
+		{"missing DSN", map[string]string{"SLOTWATCH_PG_DSN": ""}, nil, "SLOTWATCH_PG_DSN: missing"},
+		{"bad DSN", map[string]string{"SLOTWATCH_PG_DSN": "postgres://u@db:notaport/app"}, nil, "SLOTWATCH_PG_DSN"},
+		{"bad listen", map[string]string{"SLOTWATCH_LISTEN": "9188"}, nil, "SLOTWATCH_LISTEN"},
+		{"bad duration", map[string]string{"SLOTWATCH_INTERVAL": "ten"}, nil, "SLOTWATCH_INTERVAL"},
+		{"zero interval", nil, []string{"-interval", "0s"}, "SLOTWATCH_INTERVAL"},
+		{"crit below warn", map[string]string{"SLOTWATCH_LAG_WARN_BYTES": "100", "SLOTWATCH_LAG_CRIT_BYTES": "10"}, nil, "SLOTWATCH_LAG_CRIT_BYTES"},
+		{"bytes not a number", map[string]string{"SLOTWATCH_LAG_WARN_BYTES": "1GB"}, nil, "SLOTWATCH_LAG_WARN_BYTES"},
+		{"bad alert for", map[string]string{"SLOTWATCH_ALERT_FOR": "soon"}, nil, "SLOTWATCH_ALERT_FOR"},
+		{"bad webhook", map[string]string{"SLOTWATCH_ALERT_WEBHOOK_URL": "ftp://x/y"}, nil, "SLOTWATCH_ALERT_WEBHOOK_URL"},
+		{"bad alertmanager", map[string]string{"SLOTWATCH_ALERTMANAGER_URL": "http://am:9093,am2:9093"}, nil, "SLOTWATCH_ALERTMANAGER_URL"},
+		{"window beyond history", map[string]string{"SLOTWATCH_RATE_WINDOW": "2h", "SLOTWATCH_HISTORY": "1h"}, nil, "SLOTWATCH_RATE_WINDOW"},
+		{"log level", map[string]string{"SLOTWATCH_LOG_LEVEL": "loud"}, nil, "SLOTWATCH_LOG_LEVEL"},
+		{"duplicate names", map[string]string{"SLOTWATCH_PG_DSN": "a=postgres://h1/db a=postgres://h2/db"}, nil, "named"},
+		{"stray argument", nil, []string{"extra"}, "unexpected arguments"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := map[string]string{}
+			for k, v := range base {
+				m[k] = v
+			}
+			for k, v := range tt.set {
+				m[k] = v
+			}
+			_, err := Parse(tt.args, env(m), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestTargets(t *testing.T) {
+	tests := []struct {
+		dsn   string
+		names []string
+		dbs   []string
+	}{
+		{"postgres://u@db1:5432/app", []string{"db1:5432/app"}, []string{"app"}},
+		{"postgres://u@db1/app, postgres://u@db2:6432/other", []string{"db1:5432/app", "db2:6432/other"}, []string{"app", "other"}},
+		{"primary=postgres://u:pw@db1/app\nreplica=postgresql://u@db2/app", []string{"primary", "replica"}, []string{"app", "app"}},
+		{"postgres://u@h1:5432,h2:5433/app?target_session_attrs=read-write", []string{"h1:5432/app"}, []string{"app"}},
+		{"host=db1 port=5433 dbname=app user=u password='a b'", []string{"db1:5433/app"}, []string{"app"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.dsn, func(t *testing.T) {
+			c := Config{DSN: tt.dsn}
+			ts, err := c.Targets()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names, dbs []string
+			for _, x := range ts {
+				names = append(names, x.Name)
+				dbs = append(dbs, x.Database)
+			}
+			if !slices.Equal(names, tt.names) || !slices.Equal(dbs, tt.dbs) {
+				t.Fatalf("names %v dbs %v; want %v %v", names, dbs, tt.names, tt.dbs)
+			}
+		})
+	}
+}
+
+func TestRedaction(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"postgres://u:hunter2@db/app", "postgres://u:xxxxx@db/app"},
+		{"postgres://u@db/app?password=hunter2&sslmode=require", "postgres://u@db/app?password=xxxxx&sslmode=require"},
+		{"host=db password=hunter2 user=u", "host=db password=xxxxx user=u"},
+		{"host=db password='hunter 2' user=u", "host=db password=xxxxx user=u"},
+		{"postgres://u@db/app", "postgres://u@db/app"},
+	}
+	for _, tt := range tests {
+		if got := RedactDSN(tt.in); got != tt.want {
+			t.Errorf("RedactDSN(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+	tgt, err := NewTarget("", "postgres://u:p%40ss@db/app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := tgt.RedactError(errors.New("failed: postgres://u:p%40ss@db/app and p@ss and p%40ss"))
+	if strings.Contains(msg, "p@ss") || strings.Contains(msg, "p%40ss") {
+		t.Errorf("RedactError left the password: %q", msg)
+	}
+	if tgt.String() != "db:5432/app" {
+		t.Errorf("String() = %q", tgt.String())
+	}
+	if got := RedactURL("https://user:tok@hooks.example/x?token=abc"); strings.Contains(got, "tok") || strings.Contains(got, "abc") {
+		t.Errorf("RedactURL = %q", got)
+	}
+	// A malformed DSN's error does not echo its password.
+	c := Config{DSN: "postgres://u:hunter2@db:port/app", Listen: DefaultListen}
+	if _, err := c.Targets(); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("Targets error = %v", err)
+	}
+}
+
+func TestEnvVars(t *testing.T) {
+	got := EnvVars()
+	for _, want := range []string{
+		"SLOTWATCH_PG_DSN", "SLOTWATCH_LISTEN", "SLOTWATCH_INTERVAL", "SLOTWATCH_LAG_WARN_BYTES", "SLOTWATCH_LAG_CRIT_BYTES",
+		"SLOTWATCH_ALERT_FOR", "SLOTWATCH_ALERT_WEBHOOK_URL", "SLOTWATCH_ALERTMANAGER_URL",
+	} {
+		if !slices.Contains(got, want) {
+			t.Errorf("EnvVars() lacks %s", want)
+		}
+	}
+	if !slices.IsSorted(got) {
+		t.Errorf("EnvVars() not sorted: %v", got)
+	}
+	for _, v := range got {
+		if !strings.HasPrefix(v, "SLOTWATCH_") {
+			t.Errorf("%s is not a SLOTWATCH_ variable", v)
+		}
+	}
+}

@@ -1,0 +1,167 @@
+// Command slotwatch watches PostgreSQL replication slots so that operators
+// see a stuck relay coming before its slot fills the primary's disk or is
+// invalidated: lag in bytes and seconds, retained WAL, wal_status, time to
+// invalidation, catalog_xmin age and inactivity, as Prometheus metrics, a
+// status page and alerts it evaluates and delivers itself.
+//
+// Every setting is a flag and a SLOTWATCH_* environment variable; run with
+// -help to list them. See docs/slotwatch.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgoutbox/pgoutbox/internal/probe"
+	"github.com/pgoutbox/pgoutbox/slotwatch/alert"
+	"github.com/pgoutbox/pgoutbox/slotwatch/config"
+	"github.com/pgoutbox/pgoutbox/slotwatch/metric"
+	"github.com/pgoutbox/pgoutbox/slotwatch/watch"
+	"github.com/pgoutbox/pgoutbox/slotwatch/web"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "slotwatch:", err)
+		os.Exit(1)
+	}
+}
+
+// shutdownTimeout bounds the HTTP server's graceful stop.
+const shutdownTimeout = 5 * time.Second
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "probe" {
+		// A container healthcheck in an image with no shell or curl.
+		if len(args) != 2 {
+			return errors.New("usage: slotwatch probe URL")
+		}
+		return probe.Run(ctx, args[1])
+	}
+	cfg, err := config.Parse(args, getenv, stdout)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+	targets, err := cfg.Targets()
+	if err != nil {
+		return err
+	}
+	forAll, err := cfg.AlertForOverride()
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	engine := alert.New(alert.Options{
+		Thresholds: alert.Thresholds{
+			LagWarnBytes:         cfg.LagWarnBytes,
+			LagCritBytes:         cfg.LagCritBytes,
+			LagWarnTime:          cfg.LagWarnTime,
+			InactiveWarnTime:     cfg.InactiveWarnTime,
+			InvalidationCritTime: cfg.InvalidationCritTime,
+			XminAgeWarn:          cfg.XminAgeWarn,
+		},
+		ForOverride:      forAll,
+		Repeat:           cfg.AlertRepeat,
+		WebhookURL:       cfg.WebhookURL,
+		AlertmanagerURLs: cfg.AlertmanagerURLs(),
+		Resend:           cfg.AlertmanagerResend,
+		Interval:         cfg.Interval,
+		GeneratorURL:     cfg.GeneratorURL(),
+		Log:              log.With("component", "alert"),
+	}, reg)
+
+	watcher, err := watch.New(targets, watch.Options{
+		Interval:   cfg.Interval,
+		Timeout:    cfg.Timeout,
+		RateWindow: cfg.RateWindow,
+		History:    cfg.History,
+		Log:        log.With("component", "watch"),
+		OnReport:   engine.Observe,
+	})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(metric.New(watcher.Reports, engine.Active))
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("SLOTWATCH_LISTEN: cannot listen on %s: %w", cfg.Listen, err)
+	}
+	srv := &http.Server{
+		Handler: web.Handler(web.Source{
+			Reports:  watcher.Reports,
+			Alerts:   engine.Active,
+			Interval: cfg.Interval,
+		}, reg, log.With("component", "web")),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+
+	names := make([]string, len(targets))
+	for i, t := range targets {
+		names[i] = t.Name
+	}
+	sinks := []string{}
+	if cfg.WebhookURL != "" {
+		sinks = append(sinks, "webhook "+config.RedactURL(cfg.WebhookURL))
+	}
+	for _, u := range cfg.AlertmanagerURLs() {
+		sinks = append(sinks, "alertmanager "+config.RedactURL(u))
+	}
+	log.Info("slotwatch starting", "listen", ln.Addr().String(), "servers", names, "interval", cfg.Interval.String(), "alert_sinks", sinks)
+
+	// Shutdown order: the signal cancels ctx; the watcher stops collecting,
+	// the HTTP server drains within shutdownTimeout, and the alert engine
+	// delivers what is still queued within its flush timeout. run returns
+	// after all three have.
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error { return engine.Run(gctx) })
+	g.Go(func() error {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve HTTP on %s: %w", ln.Addr(), err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
+	err = g.Wait()
+	log.Info("slotwatch stopped")
+	return err
+}
+
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
