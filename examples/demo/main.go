@@ -113,6 +113,7 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	runCtx, cancel := context.WithTimeout(ctx, duration)
 	defer cancel()
 	relayCtx, stopRelay := context.WithCancel(context.Background())
+	defer stopRelay()
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- rl.Run(relayCtx) }()
 	for !rl.Streaming() {
@@ -131,6 +132,7 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	var writeErr, consumeErr error
 	go func() { defer wg.Done(); writeErr = placeOrders(runCtx, pg.DSN("outbox"), rate, &written) }()
 	consumerCtx, stopConsumer := context.WithCancel(context.Background())
+	defer stopConsumer()
 	go func() { defer wg.Done(); consumeErr = consume(consumerCtx, brokers, &consumed, lat) }()
 
 	mon, err := pgx.Connect(ctx, pg.DSN("outbox"))
