@@ -166,6 +166,15 @@ func TestSIGTERMWhileFlowing(t *testing.T) {
 			t.Fatalf("SIGTERM %d: no final confirmation logged:\n%s", i, tail(p.Output()))
 		}
 		t.Logf("stop %d took %s", i, time.Since(start).Round(time.Millisecond))
+		var slotPos string
+		cc := pg.Conn(t, "outbox")
+		_ = cc.QueryRow(context.Background(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name='outbox_slot'").Scan(&slotPos)
+		for _, l := range strings.Split(p.Output(), "\n") {
+			if strings.Contains(l, "final position") || strings.Contains(l, "streaming") || strings.Contains(l, "level=WARN") || strings.Contains(l, "snapshot") {
+				t.Logf("  %s", l)
+			}
+		}
+		t.Logf("  slot confirmed after stop: %s", slotPos)
 	}
 	want := bw.halt()
 	p := testenv.StartProc(t, bin, env)

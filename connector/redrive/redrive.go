@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -160,7 +161,20 @@ func (r *Redriver) FromTopic(ctx context.Context, opts []kgo.Opt, topic, group s
 	if err != nil {
 		return res, fmt.Errorf("list end offsets of %s: %w", topic, err)
 	}
-	committed, err := adm.FetchOffsets(ctx, group)
+	// A new group's coordinator (and __consumer_offsets itself, on a new
+	// cluster) may take a moment to exist: retry what Kafka says is retriable.
+	var committed kadm.OffsetResponses
+	for attempt := 0; ; attempt++ {
+		committed, err = adm.FetchOffsets(ctx, group)
+		if err == nil || !kerr.IsRetriable(err) || attempt == 50 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 	if err != nil {
 		return res, fmt.Errorf("fetch offsets of group %s: %w", group, err)
 	}

@@ -384,7 +384,13 @@ func (w *stateWriter) run(ctx context.Context, every time.Duration) error {
 			return nil
 		case <-t.C:
 		}
-		if err := w.write(ctx, w.tracker.Acked(), false); err != nil {
+		// The write itself is not cancelled with ctx: pgx closes a
+		// connection whose query is cancelled, and the final write at a
+		// graceful stop needs this connection.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		err := w.write(wctx, w.tracker.Acked(), false)
+		cancel()
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
