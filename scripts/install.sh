@@ -24,6 +24,7 @@ fi
 command -v java >/dev/null || { echo "install.sh: Java 17+ is required for the Kafka broker" >&2; exit 1; }
 command -v mvn >/dev/null || { echo "install.sh: Maven is required to resolve Kafka from Maven Central" >&2; exit 1; }
 "$here/kafka.sh" install
+"$here/registry.sh" install
 
 # promtool checks slotwatch's shipped alert rules. Built once per machine from
 # the Go module proxy into the cache (never into our go.mod); the version is

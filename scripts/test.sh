@@ -15,11 +15,21 @@ echo "test.sh: Kafka broker: Apache Kafka $("$here/kafka.sh" version) (KRaft, fr
 echo "test.sh: $(go version)"
 
 kdir="$(mktemp -d -t outbox-kafka-shared-XXXXXX)"
-cleanup() { "$here/kafka.sh" stop "$kdir" || true; rm -rf "$kdir"; }
+rdir="$(mktemp -d -t outbox-registry-shared-XXXXXX)"
+cleanup() {
+	"$here/kafka.sh" stop "$kdir" || true
+	"$here/registry.sh" stop "$rdir" || true
+	rm -rf "$kdir" "$rdir"
+}
 trap cleanup EXIT
 brokers="$("$here/kafka.sh" start "$kdir")"
 export OUTBOX_TEST_KAFKA_BROKERS="$brokers"
 echo "test.sh: shared Kafka broker at $brokers"
+# One real Confluent-API-compatible schema registry (Apicurio Registry, from
+# Maven Central) for the Avro tests of the whole run.
+OUTBOX_TEST_REGISTRY_URL="$("$here/registry.sh" start "$rdir")"
+export OUTBOX_TEST_REGISTRY_URL
+echo "test.sh: schema registry: Apicurio Registry $("$here/registry.sh" version) at $OUTBOX_TEST_REGISTRY_URL"
 
 go vet ./...
 go build -o bin/ ./connector ./outbox-router ./slotwatch

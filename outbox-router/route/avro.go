@@ -85,9 +85,11 @@ func (e *avroEncoder) lookup(ctx context.Context, subject string) (*avroSchema, 
 	ss, err := e.cl.SchemaByVersion(ctx, subject, -1)
 	if err != nil {
 		var re *sr.ResponseError
-		if errors.As(err, &re) && re.StatusCode == http.StatusNotFound {
-			// A routed topic with no schema is this row's problem, not the
-			// registry's: dead-letter it.
+		if errors.As(err, &re) && re.StatusCode == http.StatusNotFound && (re.ErrorCode == 40401 || re.ErrorCode == 40402) {
+			// A routed topic with no schema (subject or version not found,
+			// as the registry's error code says) is this row's problem, not
+			// the registry's: dead-letter it. A 404 without those codes is a
+			// wrong registry URL: retried, never dead-lettered.
 			return nil, errorf(ClassSchema, err, "no Avro schema registered under subject %q", subject)
 		}
 		return nil, errorf(ClassRegistry, err, "look up the Avro schema of subject %q", subject)

@@ -60,6 +60,10 @@ type Error struct {
 	Class ErrorClass
 	Msg   string
 	Err   error
+	// Intended is the topic the row was routed to when the error arose
+	// after routing (a value that does not fit the topic's schema); empty
+	// otherwise.
+	Intended string
 	// Level is the log level Debezium uses for this case: Warn or Error for
 	// an update under table.op.invalid.behavior=warn|error, Debug for an
 	// ignored delete, Error otherwise.
@@ -74,6 +78,9 @@ func (e *Error) Error() string {
 }
 
 func (e *Error) Unwrap() error { return e.Err }
+
+// Topic is the topic the row was meant for, when known (Intended).
+func (e *Error) Topic() string { return e.Intended }
 
 // ClassOf returns the class of a routing error, or "" when err is nil or not
 // an *Error.

@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -94,25 +95,38 @@ type record1 struct {
 // placement chose one (see Partitioner). Timestamp is the row's event
 // timestamp, or when it was processed (Source.ProcessedTime, else now).
 func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
+	rec, topic, err := r.route(ctx, row)
+	if err != nil && topic != "" {
+		var re *Error
+		if errors.As(err, &re) && re.Intended == "" {
+			re.Intended = topic
+		}
+	}
+	return rec, err
+}
+
+// route is Route; it also returns the topic once it is known, so that
+// errors after routing can name it.
+func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic string, err error) {
 	if row == nil {
-		return nil, errorf(ClassInvalidPayload, nil, "nil row")
+		return nil, topic, errorf(ClassInvalidPayload, nil, "nil row")
 	}
 	cfg := &r.cfg
 	switch row.Op {
 	case OpInsert, OpRead:
 	case OpDelete:
-		return nil, &Error{Class: ClassSkipped, Msg: "delete ignored (outbox cleanup)", Err: ErrSkip, Level: slog.LevelDebug}
+		return nil, topic, &Error{Class: ClassSkipped, Msg: "delete ignored (outbox cleanup)", Err: ErrSkip, Level: slog.LevelDebug}
 	case OpUpdate:
 		switch cfg.InvalidOpBehavior {
 		case InvalidOpFatal:
-			return nil, errorf(ClassInvalidOp, nil, "unexpected update of an outbox row, and table.op.invalid.behavior is fatal")
+			return nil, topic, errorf(ClassInvalidOp, nil, "unexpected update of an outbox row, and table.op.invalid.behavior is fatal")
 		case InvalidOpError:
-			return nil, &Error{Class: ClassSkipped, Msg: "unexpected update of an outbox row ignored", Err: ErrSkip, Level: slog.LevelError}
+			return nil, topic, &Error{Class: ClassSkipped, Msg: "unexpected update of an outbox row ignored", Err: ErrSkip, Level: slog.LevelError}
 		default:
-			return nil, &Error{Class: ClassSkipped, Msg: "unexpected update of an outbox row ignored", Err: ErrSkip, Level: slog.LevelWarn}
+			return nil, topic, &Error{Class: ClassSkipped, Msg: "unexpected update of an outbox row ignored", Err: ErrSkip, Level: slog.LevelWarn}
 		}
 	default:
-		return nil, errorf(ClassInvalidPayload, nil, "unknown operation %d", row.Op)
+		return nil, topic, errorf(ClassInvalidPayload, nil, "unknown operation %d", row.Op)
 	}
 
 	size := 64
@@ -134,7 +148,7 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 				var err error
 				hdrs, buf, err = r.addHeader(hdrs, buf, "traceparent", nil, stringSchemaRequired, &dval{kind: dStr, b: tp})
 				if err != nil {
-					return nil, err
+					return nil, topic, err
 				}
 				if len(ts) > 0 {
 					hdrs, buf, _ = r.addHeader(hdrs, buf, "tracestate", nil, stringSchemaRequired, &dval{kind: dStr, b: ts})
@@ -145,27 +159,27 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 
 	payloadCol := row.Lookup(cfg.FieldPayload)
 	if payloadCol == nil {
-		return nil, errorf(ClassMissingField, nil, "Unable to find payload field %s in event (table.field.event.payload)", cfg.FieldPayload)
+		return nil, topic, errorf(ClassMissingField, nil, "Unable to find payload field %s in event (table.field.event.payload)", cfg.FieldPayload)
 	}
 	ts, err := r.timestamp(row)
 	if err != nil {
-		return nil, err
+		return nil, topic, err
 	}
 	idCol := row.Lookup(cfg.FieldEventID)
 	if idCol == nil {
-		return nil, errorf(ClassMissingField, nil, "Unable to find event-id field %s in event (table.field.event.id)", cfg.FieldEventID)
+		return nil, topic, errorf(ClassMissingField, nil, "Unable to find event-id field %s in event (table.field.event.id)", cfg.FieldEventID)
 	}
 	idVal, err := colValue(idCol)
 	if err != nil {
-		return nil, errorf(ClassInvalidPayload, err, "event id")
+		return nil, topic, errorf(ClassInvalidPayload, err, "event id")
 	}
 	if hdrs, buf, err = r.addHeader(hdrs, buf, "id", idCol, nil, &idVal); err != nil {
-		return nil, err
+		return nil, topic, err
 	}
 
 	pv, err := colValue(payloadCol)
 	if err != nil {
-		return nil, errorf(ClassInvalidPayload, err, "payload")
+		return nil, topic, errorf(ClassInvalidPayload, err, "payload")
 	}
 	// The payload's schema matters only to the JSON formats, envelopes and
 	// expansion; the default path does without.
@@ -193,24 +207,24 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 	var envVal dval
 	if r.envelope {
 		if err := checkRouteBy(routeCol, cfg.RouteByField); err != nil {
-			return nil, err
+			return nil, topic, err
 		}
 		if ps == nil {
-			return nil, errorf(ClassInvalidPayload, nil, "fieldSchema for field payload cannot be null (an empty JSON array payload expanded)")
+			return nil, topic, errorf(ClassInvalidPayload, nil, "fieldSchema for field payload cannot be null (an empty JSON array payload expanded)")
 		}
 		envSchema = &cschema{typ: tStruct, hasName: true, name: r.envelopeName(row, routeCol.Value)}
 		if cfg.FieldSchemaVersion != "" {
 			vc := row.Lookup(cfg.FieldSchemaVersion)
 			if vc == nil {
-				return nil, errorf(ClassMissingField, nil, "%s is not a valid field name (table.field.event.schema.version)", cfg.FieldSchemaVersion)
+				return nil, topic, errorf(ClassMissingField, nil, "%s is not a valid field name (table.field.event.schema.version)", cfg.FieldSchemaVersion)
 			}
 			if kindOf(vc.Type) != kInt32 {
-				return nil, errorf(ClassInvalidPayload, nil, "field %s is not INT32 (table.field.event.schema.version needs an int4 column)", vc.Name)
+				return nil, topic, errorf(ClassInvalidPayload, nil, "field %s is not INT32 (table.field.event.schema.version needs an int4 column)", vc.Name)
 			}
 			if !vc.Null {
 				v, err := colValue(vc)
 				if err != nil {
-					return nil, errorf(ClassInvalidPayload, err, "schema version")
+					return nil, topic, errorf(ClassInvalidPayload, err, "schema version")
 				}
 				envSchema.hasVersion, envSchema.version = true, int32(v.i)
 			}
@@ -218,7 +232,7 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 		envSchema.fields = append(envSchema.fields, cfield{name: "payload", schema: ps})
 		envVal = dval{kind: dStruct, list: []dval{pv}}
 		if exp == expandBroken {
-			return nil, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it")
+			return nil, topic, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it")
 		}
 		for _, f := range cfg.AdditionalFields {
 			if f.Placement != PlaceEnvelope {
@@ -229,15 +243,15 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 				if cfg.AdditionalMissing == MissingIgnore {
 					continue
 				}
-				return nil, errorf(ClassMissingField, nil, "Unable to find field %s in event (table.fields.additional.placement)", f.Column)
+				return nil, topic, errorf(ClassMissingField, nil, "Unable to find field %s in event (table.fields.additional.placement)", f.Column)
 			}
 			v, err := colValue(c)
 			if err != nil {
-				return nil, errorf(ClassInvalidPayload, err, "envelope field %s", f.Alias)
+				return nil, topic, errorf(ClassInvalidPayload, err, "envelope field %s", f.Alias)
 			}
 			if i := envSchema.field(f.Alias); i >= 0 {
 				// SchemaBuilder refuses a duplicate field name.
-				return nil, errorf(ClassInvalidPayload, nil, "Cannot create field because of field name duplication %s", f.Alias)
+				return nil, topic, errorf(ClassInvalidPayload, nil, "Cannot create field because of field name duplication %s", f.Alias)
 			}
 			envSchema.fields = append(envSchema.fields, cfield{name: f.Alias, schema: colSchema(c, !r.required[c.Name], &v)})
 			envVal.list = append(envVal.list, v)
@@ -254,28 +268,28 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 			if cfg.AdditionalMissing == MissingIgnore {
 				continue
 			}
-			return nil, errorf(ClassMissingField, nil, "Unable to find field %s in event (table.fields.additional.placement)", f.Column)
+			return nil, topic, errorf(ClassMissingField, nil, "Unable to find field %s in event (table.fields.additional.placement)", f.Column)
 		}
 		switch f.Placement {
 		case PlaceHeader:
 			v, err := colValue(c)
 			if err != nil {
-				return nil, errorf(ClassInvalidPayload, err, "header %s", f.Alias)
+				return nil, topic, errorf(ClassInvalidPayload, err, "header %s", f.Alias)
 			}
 			if hdrs, buf, err = r.addHeader(hdrs, buf, f.Alias, c, nil, &v); err != nil {
-				return nil, err
+				return nil, topic, err
 			}
 		case PlacePartition:
 			if kindOf(c.Type) != kInt32 {
-				return nil, errorf(ClassInvalidPayload, nil, "field %s is not INT32 (a partition placement needs an int4 column)", c.Name)
+				return nil, topic, errorf(ClassInvalidPayload, nil, "field %s is not INT32 (a partition placement needs an int4 column)", c.Name)
 			}
 			if !c.Null {
 				v, err := colValue(c)
 				if err != nil {
-					return nil, errorf(ClassInvalidPayload, err, "partition")
+					return nil, topic, errorf(ClassInvalidPayload, err, "partition")
 				}
 				if v.i < 0 {
-					return nil, errorf(ClassInvalidPayload, nil, "partition %d is negative", v.i)
+					return nil, topic, errorf(ClassInvalidPayload, nil, "partition %d is negative", v.i)
 				}
 				partition = int32(v.i)
 			}
@@ -284,11 +298,11 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 
 	// The topic: RegexRouter over the route.by.field value.
 	if err := checkRouteBy(routeCol, cfg.RouteByField); err != nil {
-		return nil, err
+		return nil, topic, err
 	}
-	topic, err := r.topic(routeCol.Value)
+	topic, err = r.topic(routeCol.Value)
 	if err != nil {
-		return nil, err
+		return nil, topic, err
 	}
 
 	// The value.
@@ -302,14 +316,14 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 		var null bool
 		buf, null, err = r.avro.encode(ctx, buf, topic, payloadCol, &pv, envSchema, &envVal)
 		if err != nil {
-			return nil, err
+			return nil, topic, err
 		}
 		val.end, val.null = len(buf), null
 	default:
 		val.off = len(buf)
 		buf, val.null, err = r.appendValue(buf, exp, ps, &pv, envSchema, &envVal)
 		if err != nil {
-			return nil, err
+			return nil, topic, err
 		}
 		val.end = len(buf)
 	}
@@ -319,11 +333,11 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 	if cfg.FieldEventKey != "" {
 		kc := row.Lookup(cfg.FieldEventKey)
 		if kc == nil {
-			return nil, errorf(ClassMissingField, nil, "%s is not a valid field name (table.field.event.key)", cfg.FieldEventKey)
+			return nil, topic, errorf(ClassMissingField, nil, "%s is not a valid field name (table.field.event.key)", cfg.FieldEventKey)
 		}
 		kv, err := colValue(kc)
 		if err != nil {
-			return nil, errorf(ClassInvalidPayload, err, "key")
+			return nil, topic, errorf(ClassInvalidPayload, err, "key")
 		}
 		key.off = len(buf)
 		switch cfg.KeyFormat {
@@ -343,7 +357,7 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 	}
 
 	// Assemble: every slice points into buf, which no longer moves.
-	var rec *kgo.Record
+	// rec is the named result.
 	if len(hdrs) == 1 {
 		r1 := &record1{}
 		rec = &r1.rec
@@ -364,7 +378,7 @@ func (r *Router) Route(ctx context.Context, row *Row) (*kgo.Record, error) {
 			rec.Timestamp = time.UnixMilli(ts)
 		}
 	}
-	return rec, nil
+	return rec, topic, nil
 }
 
 func (s span) slice(buf []byte) []byte {
