@@ -3,13 +3,13 @@
 GO ?= go
 BINARIES := connector outbox-router slotwatch
 
-.PHONY: all build test demo bench soak lint fmt up down install clean
+.PHONY: all build test demo bench soak lint fmt up down install clean app
 
 all: build
 
 build:
 	@mkdir -p bin
-	$(GO) build -trimpath -o bin/ ./connector ./outbox-router ./slotwatch
+	$(GO) build -trimpath -o bin/ ./connector ./outbox-router ./slotwatch ./maintain
 
 install:
 	scripts/install.sh
@@ -44,3 +44,8 @@ down:
 
 clean:
 	rm -rf bin
+
+# The order service, the fulfillment consumer and the connector against the
+# local stack (run `make up` first and source the environment it prints).
+app:
+	examples/orders/run-app.sh

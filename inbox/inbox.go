@@ -1,0 +1,420 @@
+// Package inbox consumes Kafka records idempotently with franz-go and
+// PostgreSQL. The relay delivers at least once: a record can arrive twice
+// (after a relay crash, a producer retry, a consumer rebalance). For each
+// record the Consumer, in one database transaction,
+//
+//  1. inserts the record's event id (the `id` header) into a processed-events
+//     table; if the id is already there, the record is a duplicate and is
+//     skipped without calling the handler;
+//  2. runs the handler with that transaction, so the business effect and the
+//     "processed" mark commit together or not at all;
+//
+// and only after the transaction committed marks the record's offset for
+// commit to Kafka. A crash anywhere repeats at most work that the table then
+// recognises. Processing OrderPlaced twice charges the card once.
+//
+// A record whose handler keeps failing (MaxAttempts times, or once with an
+// error wrapped by Permanent) goes to a consumer-side dead-letter topic with
+// the reason in headers, and is marked processed; the partition moves on.
+// Failures of the database or of Kafka itself are not the record's fault and
+// are retried without limit (with backoff), never dead-lettered.
+//
+// Processed ids are deleted after Retention (default 72h). A duplicate that
+// arrives later than that is processed again: keep Retention longer than the
+// longest redelivery window (relay outage plus consumer lag).
+//
+// Records of one partition are handled in order, one at a time; partitions
+// of one poll are handled concurrently.
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Handler does the business work of one record inside tx. It must do all
+// its database writes through tx (and nothing non-transactional it cannot
+// repeat: a handler may run again after a crash before the commit). A
+// returned error rolls tx back; the record is retried.
+type Handler func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error
+
+// Config configures a Consumer. Brokers, Group and Topics are required.
+type Config struct {
+	// Brokers are the Kafka bootstrap brokers.
+	Brokers []string
+	// Group is the consumer group; it is also the dedupe scope: two groups
+	// sharing the table dedupe independently.
+	Group string
+	// Topics to consume (e.g. "outbox.event.Order").
+	Topics []string
+	// KafkaOpts are extra franz-go options (TLS, SASL, logging, start
+	// offset). The Consumer sets the group, topics, manual commits and
+	// rebalance blocking itself.
+	KafkaOpts []kgo.Opt
+	// Table is the processed-events table (default "public.inbox";
+	// EnsureSchema creates it).
+	Table string
+	// DLQTopic receives records that keep failing (default "inbox.dlq").
+	DLQTopic string
+	// MaxAttempts is how many times the handler runs for a record before
+	// the record is dead-lettered (default 5).
+	MaxAttempts int
+	// RetryBackoff is the first wait between attempts, doubled up to 5s
+	// (default 100ms).
+	RetryBackoff time.Duration
+	// Retention is how long processed ids are kept (default 72h).
+	Retention time.Duration
+	// CleanupInterval is how often expired ids are deleted (default 1m).
+	CleanupInterval time.Duration
+	// CleanupBatch is the number of ids per DELETE (default 1000).
+	CleanupBatch int
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Stats are counters since the Consumer started.
+type Stats struct {
+	Processed    int64 // handler committed
+	Duplicates   int64 // skipped: id already processed
+	DeadLettered int64 // sent to the DLQ topic
+	Retries      int64 // handler attempts that failed and were retried
+	Cleaned      int64 // expired ids deleted
+}
+
+// Consumer is an idempotent consumer; create it with New, run it with Run.
+type Consumer struct {
+	cfg   Config
+	table string // quoted
+	db    *pgxpool.Pool
+	h     Handler
+	cl    *kgo.Client
+	log   *slog.Logger
+
+	processed, duplicates, deadLettered, retries, cleaned atomic.Int64
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func quoteTable(name string) (string, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) == 1 {
+		parts = []string{"public", parts[0]}
+	}
+	if len(parts) != 2 || !identRE.MatchString(parts[0]) || !identRE.MatchString(parts[1]) {
+		return "", fmt.Errorf("inbox: table %q: want schema.name of plain identifiers", name)
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}
+
+// New validates cfg and creates the Kafka client. Call EnsureSchema (or
+// apply Schema) first.
+func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
+	switch {
+	case db == nil:
+		return nil, errors.New("inbox: a database pool is required")
+	case h == nil:
+		return nil, errors.New("inbox: a handler is required")
+	case len(cfg.Brokers) == 0:
+		return nil, errors.New("inbox: Config.Brokers: missing; set the Kafka bootstrap brokers")
+	case cfg.Group == "":
+		return nil, errors.New("inbox: Config.Group: missing; set the consumer group")
+	case len(cfg.Topics) == 0:
+		return nil, errors.New("inbox: Config.Topics: missing; set the topics to consume")
+	}
+	if cfg.Table == "" {
+		cfg.Table = "public.inbox"
+	}
+	table, err := quoteTable(cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.DLQTopic == "" {
+		cfg.DLQTopic = "inbox.dlq"
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 5
+	}
+	if cfg.RetryBackoff <= 0 {
+		cfg.RetryBackoff = 100 * time.Millisecond
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = 72 * time.Hour
+	}
+	if cfg.CleanupInterval <= 0 {
+		cfg.CleanupInterval = time.Minute
+	}
+	if cfg.CleanupBatch <= 0 {
+		cfg.CleanupBatch = 1000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topics...),
+		// Offsets are committed only for records whose transaction
+		// committed (marked), never for merely polled ones.
+		kgo.AutoCommitMarks(),
+		// No rebalance between a poll and the commit of what it returned,
+		// so a partition's records are never handled by two members at once.
+		kgo.BlockRebalanceOnPoll(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // DLQ records keep the key's partition
+	}, cfg.KafkaOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: create Kafka client: %w", err)
+	}
+	return &Consumer{cfg: cfg, table: table, db: db, h: h, cl: cl,
+		log: cfg.Logger.With("component", "inbox", "group", cfg.Group)}, nil
+}
+
+// Stats returns the counters.
+func (c *Consumer) Stats() Stats {
+	return Stats{Processed: c.processed.Load(), Duplicates: c.duplicates.Load(),
+		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Cleaned: c.cleaned.Load()}
+}
+
+// Client is the Consumer's franz-go client (for metrics or lag checks).
+func (c *Consumer) Client() *kgo.Client { return c.cl }
+
+// Run consumes until ctx is done, then commits what was processed, leaves
+// the group and closes the client. It returns nil on cancellation.
+func (c *Consumer) Run(ctx context.Context) error {
+	defer c.cl.Close() // leaves the group, committing marked offsets (franz-go's default revoke)
+	c.ensureDLQTopic(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); c.cleanupLoop(ctx) }()
+	defer wg.Wait()
+	for {
+		fs := c.cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			c.cl.AllowRebalance()
+			c.commit(context.Background())
+			return nil
+		}
+		fs.EachError(func(topic string, p int32, err error) {
+			c.log.Warn("fetch failed; retrying", "topic", topic, "partition", p, "err", err)
+		})
+		var pwg sync.WaitGroup
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			pwg.Add(1)
+			go func() {
+				defer pwg.Done()
+				for _, rec := range p.Records {
+					if err := c.handle(ctx, rec); err != nil {
+						return // ctx done: stop this partition, commit what is marked
+					}
+					c.cl.MarkCommitRecords(rec)
+				}
+			}()
+		})
+		pwg.Wait()
+		c.commit(ctx)
+		c.cl.AllowRebalance()
+	}
+}
+
+// commit commits the marked offsets, retrying a few times while Kafka is
+// unreachable. Giving up is safe: the offsets stay marked and go with the
+// next commit (or the one on revoke or close); records redelivered meanwhile
+// are found in the table and skipped.
+func (c *Consumer) commit(ctx context.Context) {
+	backoff := c.cfg.RetryBackoff
+	for attempt := 1; ; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := c.cl.CommitMarkedOffsets(cctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		if attempt >= 3 {
+			c.log.Warn("offset commit failed; it goes with the next batch", "err", err)
+			return
+		}
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// ErrPermanent marks a handler error that retrying cannot fix.
+var ErrPermanent = errors.New("permanent failure")
+
+// Permanent wraps err so that the record goes to the DLQ without retries.
+func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
+
+// Header returns a record header's value ("" when absent).
+func Header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// handle processes one record to its end (processed, duplicate or
+// dead-lettered); it returns an error only when ctx is done.
+func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
+	id := Header(rec, "id")
+	if id == "" {
+		return c.deadLetter(ctx, rec, "", errors.New("record has no id header: it cannot be deduplicated"), 0)
+	}
+	backoff := c.cfg.RetryBackoff
+	attempts := 0
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		dup, herr, err := c.try(ctx, rec, id)
+		switch {
+		case err != nil:
+			// The database, not the record: retry without counting.
+			c.log.Warn("inbox transaction failed; retrying", "id", id, "topic", rec.Topic, "err", err)
+		case dup:
+			c.duplicates.Add(1)
+			c.log.Info("duplicate delivery skipped", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
+			return nil
+		case herr == nil:
+			c.processed.Add(1)
+			return nil
+		default:
+			attempts++
+			if errors.Is(herr, ErrPermanent) || attempts >= c.cfg.MaxAttempts {
+				return c.deadLetter(ctx, rec, id, herr, attempts)
+			}
+			c.retries.Add(1)
+			c.log.Warn("handler failed; retrying", "id", id, "topic", rec.Topic, "attempt", attempts, "err", herr)
+		}
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+const insertSQL = `INSERT INTO %s (consumer, id, topic, kafka_partition, kafka_offset, outcome)
+VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (consumer, id) DO NOTHING`
+
+// try runs one attempt: dup when the id was already processed; herr is the
+// handler's error; err an error of the database itself.
+func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) (dup bool, herr, err error) {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return false, nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	// A concurrent transaction inserting the same id (another member after
+	// a rebalance) makes this INSERT wait for it; if it commits, this one
+	// inserts nothing and the record is a duplicate.
+	tag, err := tx.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "processed")
+	if err != nil {
+		return false, nil, fmt.Errorf("insert processed id: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return true, nil, nil
+	}
+	if herr := c.h(ctx, tx, rec); herr != nil {
+		if tx.Conn().IsClosed() {
+			return false, nil, fmt.Errorf("handler: connection lost: %w", herr)
+		}
+		return false, herr, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// The outcome is unknown if the connection broke during COMMIT;
+		// the retry finds the id if it did commit.
+		return false, nil, fmt.Errorf("commit: %w", err)
+	}
+	return false, nil, nil
+}
+
+// deadLetter sends rec to the DLQ topic with the reason, then marks its id
+// processed, retrying both until they succeed (or ctx is done). A crash
+// between the two sends it to the DLQ again on redelivery: at-least-once
+// there too.
+func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, id string, reason error, attempts int) error {
+	dl := &kgo.Record{
+		Topic: c.cfg.DLQTopic, Key: rec.Key, Value: rec.Value,
+		Headers: append(append([]kgo.RecordHeader(nil), rec.Headers...),
+			kgo.RecordHeader{Key: "inbox.error", Value: []byte(reason.Error())},
+			kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(attempts))},
+			kgo.RecordHeader{Key: "inbox.consumer", Value: []byte(c.cfg.Group)},
+			kgo.RecordHeader{Key: "inbox.source.topic", Value: []byte(rec.Topic)},
+			kgo.RecordHeader{Key: "inbox.source.partition", Value: []byte(strconv.Itoa(int(rec.Partition)))},
+			kgo.RecordHeader{Key: "inbox.source.offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
+		),
+	}
+	backoff := c.cfg.RetryBackoff
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := c.cl.ProduceSync(pctx, dl).FirstErr()
+		cancel()
+		if err == nil {
+			break
+		}
+		c.log.Warn("dead-letter produce failed; retrying", "id", id, "topic", c.cfg.DLQTopic, "err", err)
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	c.deadLettered.Add(1)
+	c.log.Error("record dead-lettered", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+		"attempts", attempts, "dlq", c.cfg.DLQTopic, "err", reason)
+	if id == "" {
+		return nil
+	}
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		_, err := c.db.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "dead-lettered")
+		if err == nil {
+			return nil
+		}
+		c.log.Warn("marking a dead-lettered id failed; retrying", "id", id, "err", err)
+		sleep(ctx, backoff)
+	}
+}
+
+// ensureDLQTopic creates the DLQ topic when it is missing (best effort: a
+// broker that auto-creates topics, or an operator, may do it instead).
+func (c *Consumer) ensureDLQTopic(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(c.cl).CreateTopic(cctx, -1, -1, nil, c.cfg.DLQTopic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		c.log.Debug("could not create the DLQ topic; it may exist or be auto-created", "topic", c.cfg.DLQTopic, "err", err)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

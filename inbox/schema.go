@@ -1,0 +1,87 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Schema creates the processed-events table; %[1]s is the quoted table
+// name and %[2]s a name for its index. EnsureSchema applies it.
+const Schema = `CREATE TABLE IF NOT EXISTS %[1]s (
+    consumer        text        NOT NULL,   -- the consumer group: the dedupe scope
+    id              text        NOT NULL,   -- the event id (the id header)
+    topic           text        NOT NULL,
+    kafka_partition integer     NOT NULL,
+    kafka_offset    bigint      NOT NULL,
+    outcome         text        NOT NULL,   -- processed | dead-lettered
+    processed_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, id)
+);
+CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (processed_at);`
+
+// Execer is what EnsureSchema and Cleanup need: *pgxpool.Pool, *pgx.Conn.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// EnsureSchema creates the processed-events table when it is missing.
+func EnsureSchema(ctx context.Context, db Execer, table string) error {
+	if table == "" {
+		table = "public.inbox"
+	}
+	q, err := quoteTable(table)
+	if err != nil {
+		return err
+	}
+	name := table[strings.LastIndexByte(table, '.')+1:]
+	idx := pgx.Identifier{name + "_processed_at_idx"}.Sanitize()
+	if _, err := db.Exec(ctx, fmt.Sprintf(Schema, q, idx)); err != nil {
+		return fmt.Errorf("inbox: create table %s: %w", table, err)
+	}
+	return nil
+}
+
+const cleanupSQL = `DELETE FROM %s WHERE (consumer, id) IN (
+	SELECT consumer, id FROM %[1]s WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2)
+	LIMIT $3)`
+
+// Cleanup deletes this consumer's ids processed more than Retention ago, in
+// batches of CleanupBatch (each its own short transaction), and returns how
+// many it deleted. Run calls it every CleanupInterval.
+func (c *Consumer) Cleanup(ctx context.Context) (int64, error) {
+	stmt := fmt.Sprintf(cleanupSQL, c.table)
+	var total int64
+	for {
+		tag, err := c.db.Exec(ctx, stmt, c.cfg.Group, c.cfg.Retention.Seconds(), c.cfg.CleanupBatch)
+		if err != nil {
+			return total, fmt.Errorf("inbox: delete expired ids: %w", err)
+		}
+		total += tag.RowsAffected()
+		c.cleaned.Add(tag.RowsAffected())
+		if tag.RowsAffected() < int64(c.cfg.CleanupBatch) || ctx.Err() != nil {
+			return total, nil
+		}
+	}
+}
+
+func (c *Consumer) cleanupLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if n, err := c.Cleanup(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("inbox cleanup failed; retrying at the next interval", "err", err)
+		} else if n > 0 {
+			c.log.Debug("inbox cleanup", "deleted", n)
+		}
+	}
+}

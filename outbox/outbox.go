@@ -1,0 +1,454 @@
+// Package outbox writes events into PostgreSQL's transactional outbox inside
+// the caller's transaction, so that an event exists if and only if the
+// business change it describes committed. The connector (this module's relay)
+// reads the committed events from the WAL and publishes them to Kafka: topic
+// outbox.event.<AggregateType>, key AggregateID, header id = the event id.
+//
+// A Writer works with pgx (pgx.Tx, *pgx.Conn, pgxpool.Tx: anything with
+// Exec) through Write, and with database/sql (*sql.Tx) through WriteSQL.
+// Event ids are UUIDv7 unless the caller sets one; payloads are marshalled to
+// JSON. Three modes put the same records into Kafka:
+//
+//   - ModeTable (the default) inserts rows into the outbox table. Delete old
+//     rows with Cleaner, or use the daily-partitioned table of
+//     sql/variants/outbox_partitioned.sql and drop whole partitions with
+//     package outbox/partition.
+//   - ModeDeleteAfterInsert inserts the rows and deletes them again in the
+//     same transaction. The WAL still carries the inserts (which is all the
+//     connector reads); the table stays empty and needs no cleanup. The
+//     connector's initial snapshot of a new slot then finds nothing, which is
+//     right: nothing was ever pending in the table.
+//   - ModeMessage writes no table at all: each event is a transactional
+//     logical decoding message, pg_logical_emit_message(true, 'outbox', …),
+//     decoded by the connector into the same record (PostgreSQL 14+).
+//
+// Delivery is at-least-once: consumers deduplicate by the id header (package
+// inbox does).
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Mode says how events reach the WAL.
+type Mode int
+
+const (
+	// ModeTable inserts one row per event into the outbox table (default).
+	ModeTable Mode = iota
+	// ModeDeleteAfterInsert inserts the rows and deletes them in the same
+	// transaction: the WAL keeps the inserts, the table stays empty.
+	ModeDeleteAfterInsert
+	// ModeMessage emits pg_logical_emit_message(true, 'outbox', content)
+	// instead of writing a table (PostgreSQL 14+, connector with messages on).
+	ModeMessage
+)
+
+// String names the mode as ParseMode accepts it.
+func (m Mode) String() string {
+	switch m {
+	case ModeTable:
+		return "table"
+	case ModeDeleteAfterInsert:
+		return "delete-after-insert"
+	case ModeMessage:
+		return "message"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// ParseMode parses "table", "delete-after-insert" or "message".
+func ParseMode(s string) (Mode, error) {
+	for _, m := range []Mode{ModeTable, ModeDeleteAfterInsert, ModeMessage} {
+		if s == m.String() {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("outbox mode %q: want table, delete-after-insert or message", s)
+}
+
+// MessagePrefix is the logical decoding message prefix the connector decodes.
+const MessagePrefix = "outbox"
+
+// Event is one outbox event.
+type Event struct {
+	// ID is the event id, sent as the Kafka header id. Zero: a new UUIDv7
+	// (time-ordered, so the outbox's primary key index stays compact).
+	ID uuid.UUID
+	// AggregateType names the topic: outbox.event.<AggregateType>.
+	AggregateType string
+	// AggregateID is the record key; events of one aggregate keep their
+	// commit order in one partition.
+	AggregateID string
+	// Type is the event type (e.g. "OrderPlaced").
+	Type string
+	// Payload is marshalled with encoding/json; json.RawMessage and []byte
+	// are taken as JSON text already (and must be valid JSON). nil is NULL.
+	Payload any
+	// Columns are extra outbox columns (column name -> value), written as
+	// they are in the table modes and as JSON members in ModeMessage. The
+	// connector places them as headers or envelope fields with
+	// OUTBOX_ROUTE_FIELDS_ADDITIONAL_PLACEMENT (e.g. "tenant:header"); the
+	// columns must exist in the table modes. created_at may be set here.
+	// A message (ModeMessage) carries only the columns set: set a placed
+	// column on every event, as a table row would always have it (or run
+	// the connector with OUTBOX_ROUTE_FIELD_ADDITIONAL_MISSING=ignore).
+	Columns map[string]any
+}
+
+// Execer is what Write needs from pgx: pgx.Tx, *pgx.Conn, *pgxpool.Pool,
+// pgxpool.Tx. Pass the transaction of the business change, or the event is
+// not atomic with it.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// SQLExecer is what WriteSQL needs from database/sql: *sql.Tx (or *sql.Conn,
+// *sql.DB outside a transaction).
+type SQLExecer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// batcher is implemented by pgx.Tx and *pgx.Conn: delete-after-insert then
+// costs one round trip instead of two.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Writer writes events. The zero value is not usable; call New. A Writer is
+// safe for concurrent use.
+type Writer struct {
+	table  string // quoted, schema-qualified
+	mode   Mode
+	prefix string
+	newID  func() (uuid.UUID, error)
+}
+
+// Option configures a Writer.
+type Option func(*Writer) error
+
+// WithTable sets the outbox table, "schema.name" or "name" (default
+// "public.outbox"). Ignored in ModeMessage.
+func WithTable(name string) Option {
+	return func(w *Writer) error {
+		q, err := QuoteTable(name)
+		if err != nil {
+			return err
+		}
+		w.table = q
+		return nil
+	}
+}
+
+// WithMode sets the mode (default ModeTable).
+func WithMode(m Mode) Option {
+	return func(w *Writer) error {
+		if m < ModeTable || m > ModeMessage {
+			return fmt.Errorf("outbox: unknown mode %d", int(m))
+		}
+		w.mode = m
+		return nil
+	}
+}
+
+// WithIDFunc sets the generator of ids for events without one (default
+// uuid.NewV7).
+func WithIDFunc(f func() (uuid.UUID, error)) Option {
+	return func(w *Writer) error { w.newID = f; return nil }
+}
+
+// New returns a Writer with the options applied.
+func New(opts ...Option) (*Writer, error) {
+	w := &Writer{table: `"public"."outbox"`, prefix: MessagePrefix, newID: uuid.NewV7}
+	for _, o := range opts {
+		if err := o(w); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// Mode is the writer's mode.
+func (w *Writer) Mode() Mode { return w.mode }
+
+var defaultWriter, _ = New()
+
+// Write writes events with the default Writer (table mode, public.outbox).
+func Write(ctx context.Context, tx Execer, events ...Event) ([]uuid.UUID, error) {
+	return defaultWriter.Write(ctx, tx, events...)
+}
+
+// WriteSQL writes events through database/sql with the default Writer.
+func WriteSQL(ctx context.Context, tx SQLExecer, events ...Event) ([]uuid.UUID, error) {
+	return defaultWriter.WriteSQL(ctx, tx, events...)
+}
+
+// maxRowsPerStatement keeps a multi-row INSERT well below PostgreSQL's
+// 65535 bind parameters, whatever the number of extra columns.
+const maxParams = 60000
+
+// Write writes events in tx (in order) and returns their ids. Nothing is
+// visible to the connector until tx commits; if tx rolls back, no event.
+func (w *Writer) Write(ctx context.Context, tx Execer, events ...Event) ([]uuid.UUID, error) {
+	stmts, ids, err := w.statements(events)
+	if err != nil {
+		return nil, err
+	}
+	if b, ok := tx.(batcher); ok && len(stmts) > 1 {
+		batch := &pgx.Batch{}
+		for _, s := range stmts {
+			batch.Queue(s.sql, s.args...)
+		}
+		if err := b.SendBatch(ctx, batch).Close(); err != nil {
+			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
+		}
+		return ids, nil
+	}
+	for _, s := range stmts {
+		if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
+			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
+		}
+	}
+	return ids, nil
+}
+
+// WriteSQL is Write for database/sql transactions.
+func (w *Writer) WriteSQL(ctx context.Context, tx SQLExecer, events ...Event) ([]uuid.UUID, error) {
+	stmts, ids, err := w.statements(events)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range stmts {
+		if _, err := tx.ExecContext(ctx, s.sql, s.args...); err != nil {
+			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
+		}
+	}
+	return ids, nil
+}
+
+type statement struct {
+	sql  string
+	args []any
+}
+
+func (w *Writer) statements(events []Event) ([]statement, []uuid.UUID, error) {
+	if len(events) == 0 {
+		return nil, nil, nil
+	}
+	ids := make([]uuid.UUID, len(events))
+	payloads := make([]any, len(events))
+	for i := range events {
+		ev := &events[i]
+		if ev.AggregateType == "" || ev.AggregateID == "" || ev.Type == "" {
+			return nil, nil, fmt.Errorf("outbox: event %d: AggregateType, AggregateID and Type are required", i)
+		}
+		id := ev.ID
+		if id == uuid.Nil {
+			var err error
+			if id, err = w.newID(); err != nil {
+				return nil, nil, fmt.Errorf("outbox: new event id: %w", err)
+			}
+		}
+		ids[i] = id
+		p, err := marshalPayload(ev.Payload)
+		if err != nil {
+			return nil, nil, fmt.Errorf("outbox: event %d (%s): %w", i, ev.Type, err)
+		}
+		payloads[i] = p
+	}
+	if w.mode == ModeMessage {
+		s, err := w.messageStatement(events, ids, payloads)
+		if err != nil {
+			return nil, nil, err
+		}
+		return []statement{s}, ids, nil
+	}
+	stmts, err := w.insertStatements(events, ids, payloads)
+	if err != nil {
+		return nil, nil, err
+	}
+	if w.mode == ModeDeleteAfterInsert {
+		// A second statement: rows a statement inserts are invisible to a
+		// DELETE in the same statement (a data-modifying CTE sees the
+		// snapshot from before it), so one statement cannot do both.
+		if len(ids) == 1 {
+			stmts = append(stmts, statement{"DELETE FROM " + w.table + " WHERE id = $1", []any{ids[0].String()}})
+		} else {
+			strs := make([]string, len(ids))
+			for i, id := range ids {
+				strs[i] = id.String()
+			}
+			stmts = append(stmts, statement{"DELETE FROM " + w.table + " WHERE id = ANY($1::uuid[])", []any{strs}})
+		}
+	}
+	return stmts, ids, nil
+}
+
+var baseColumns = []string{"id", "aggregatetype", "aggregateid", "type", "payload"}
+
+func (w *Writer) insertStatements(events []Event, ids []uuid.UUID, payloads []any) ([]statement, error) {
+	// The union of extra columns, sorted so that the statement text (and
+	// with it pgx's prepared statement cache) is stable.
+	extraSet := map[string]bool{}
+	for _, ev := range events {
+		for c := range ev.Columns {
+			if !extraSet[c] {
+				if isBase(c) {
+					return nil, fmt.Errorf("outbox: extra column %q is set by the Event's fields", c)
+				}
+				extraSet[c] = true
+			}
+		}
+	}
+	extra := make([]string, 0, len(extraSet))
+	for c := range extraSet {
+		extra = append(extra, c)
+	}
+	sort.Strings(extra)
+	var head strings.Builder
+	head.WriteString("INSERT INTO ")
+	head.WriteString(w.table)
+	head.WriteString(" (id, aggregatetype, aggregateid, type, payload")
+	for _, c := range extra {
+		head.WriteString(", ")
+		head.WriteString(pgx.Identifier{c}.Sanitize())
+	}
+	head.WriteString(") VALUES ")
+	perRow := len(baseColumns) + len(extra)
+	rowsPer := maxParams / perRow
+	var stmts []statement
+	for start := 0; start < len(events); start += rowsPer {
+		end := min(start+rowsPer, len(events))
+		var b strings.Builder
+		b.WriteString(head.String())
+		args := make([]any, 0, (end-start)*perRow)
+		for i := start; i < end; i++ {
+			if i > start {
+				b.WriteString(", ")
+			}
+			b.WriteByte('(')
+			args = append(args, ids[i].String(), events[i].AggregateType, events[i].AggregateID, events[i].Type, payloads[i])
+			for k := 0; k < len(baseColumns); k++ {
+				if k > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteByte('$')
+				b.WriteString(strconv.Itoa(len(args) - len(baseColumns) + k + 1))
+			}
+			for _, c := range extra {
+				v, ok := events[i].Columns[c]
+				if !ok {
+					b.WriteString(", DEFAULT")
+					continue
+				}
+				args = append(args, v)
+				b.WriteString(", $")
+				b.WriteString(strconv.Itoa(len(args)))
+			}
+			b.WriteByte(')')
+		}
+		stmts = append(stmts, statement{b.String(), args})
+	}
+	return stmts, nil
+}
+
+// messageStatement emits one message per event, in order, in one statement.
+// The content goes through jsonb so that its text (the payload in
+// particular) is exactly what a jsonb outbox column would have carried:
+// the records are byte-for-byte those of the table modes.
+func (w *Writer) messageStatement(events []Event, ids []uuid.UUID, payloads []any) (statement, error) {
+	contents := make([]string, len(events))
+	for i, ev := range events {
+		m := map[string]any{
+			"id": ids[i].String(), "aggregatetype": ev.AggregateType, "aggregateid": ev.AggregateID,
+			"type": ev.Type, "payload": nil,
+		}
+		if p, ok := payloads[i].(string); ok {
+			m["payload"] = json.RawMessage(p)
+		}
+		for c, v := range ev.Columns {
+			if isBase(c) {
+				return statement{}, fmt.Errorf("outbox: extra column %q is set by the Event's fields", c)
+			}
+			m[c] = v
+		}
+		b, err := json.Marshal(m)
+		if err != nil {
+			return statement{}, fmt.Errorf("outbox: event %d (%s): encode message: %w", i, ev.Type, err)
+		}
+		contents[i] = string(b)
+	}
+	if len(contents) == 1 {
+		return statement{"SELECT pg_logical_emit_message(true, $1, $2::jsonb::text)", []any{w.prefix, contents[0]}}, nil
+	}
+	// unnest WITH ORDINALITY ... ORDER BY keeps the caller's order.
+	return statement{`SELECT count(pg_logical_emit_message(true, $1, m::jsonb::text))
+FROM (SELECT m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, n) ORDER BY n) AS s`, []any{w.prefix, contents}}, nil
+}
+
+func isBase(c string) bool {
+	for _, b := range baseColumns {
+		if c == b {
+			return true
+		}
+	}
+	return false
+}
+
+// marshalPayload returns the payload's JSON text, or nil for NULL.
+func marshalPayload(p any) (any, error) {
+	switch v := p.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if v == nil {
+			return nil, nil
+		}
+		return rawJSON(v)
+	case []byte:
+		if v == nil {
+			return nil, nil
+		}
+		return rawJSON(v)
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("marshal payload: %w", err)
+	}
+	return string(b), nil
+}
+
+func rawJSON(b []byte) (any, error) {
+	if !json.Valid(b) {
+		return nil, errors.New("payload is not valid JSON")
+	}
+	return string(bytes.TrimSpace(b)), nil
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
+
+// QuoteTable validates "schema.name" or "name" and returns it quoted
+// ("public" when the schema is left out).
+func QuoteTable(name string) (string, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) == 1 {
+		parts = []string{"public", parts[0]}
+	}
+	if len(parts) != 2 || !identRE.MatchString(parts[0]) || !identRE.MatchString(parts[1]) {
+		return "", fmt.Errorf("outbox: table %q: want schema.name of plain identifiers", name)
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}

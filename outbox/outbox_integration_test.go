@@ -1,0 +1,253 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+func startConnector(t testing.TB, pg *testenv.Postgres, brokers string, extra ...string) *testenv.Proc {
+	t.Helper()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"OUTBOX_PG_DSN":           pg.DSN("outbox"),
+		"OUTBOX_KAFKA_BROKERS":    brokers,
+		"OUTBOX_HTTP_ADDR":        fmt.Sprintf("127.0.0.1:%d", port),
+		"OUTBOX_STATUS_INTERVAL":  "200ms",
+		"OUTBOX_TOPIC_PARTITIONS": "3",
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		env[extra[i]] = extra[i+1]
+	}
+	p := testenv.StartProc(t, testenv.Binary(t, "connector"), env)
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(p.Output(), "msg=streaming") {
+		if p.Exited() || time.Now().After(deadline) {
+			t.Fatalf("connector did not start streaming; output:\n%s", p.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return p
+}
+
+// waitRecords waits until the consumer holds n records of topic.
+func waitRecords(t testing.TB, c *testenv.Consumer, topic string, n int, timeout time.Duration) []*kgo.Record {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var got []*kgo.Record
+		for _, r := range c.Records() {
+			if r.Topic == topic {
+				got = append(got, r)
+			}
+		}
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("topic %s: %d records within %s, want %d", topic, len(got), timeout, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestModesDeliverSameRecords writes the same events in every mode, singly
+// and in batches, through pgx and database/sql, with an extra column placed
+// as a header: the connector delivers the same key, value and headers in
+// each, and the table stays empty in delete-after-insert and message modes.
+func TestModesDeliverSameRecords(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	if _, err := conn.Exec(ctx, `ALTER TABLE outbox ADD COLUMN tenant text`); err != nil {
+		t.Fatal(err)
+	}
+	p := startConnector(t, pg, brokers, "OUTBOX_ROUTE_FIELDS_ADDITIONAL_PLACEMENT", "tenant:header")
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	db, err := sql.Open("pgx", pg.DSN("outbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+
+	type variant struct {
+		name  string
+		mode  outbox.Mode
+		stdlb bool // database/sql
+	}
+	variants := []variant{
+		{"table", outbox.ModeTable, false},
+		{"dai", outbox.ModeDeleteAfterInsert, false},
+		{"msg", outbox.ModeMessage, false},
+		{"sqltable", outbox.ModeTable, true},
+		{"sqldai", outbox.ModeDeleteAfterInsert, true},
+		{"sqlmsg", outbox.ModeMessage, true},
+	}
+	const n = 120
+	events := func(aggType string, from, to int) []outbox.Event {
+		var evs []outbox.Event
+		for i := from; i < to; i++ {
+			ev := outbox.Event{AggregateType: aggType, AggregateID: fmt.Sprintf("agg-%d", i%7), Type: "Tested",
+				Payload: map[string]any{"seq": i, "zeta": "last", "alpha": []int{1, 2}, "nested": map[string]any{"b": 1.5, "a": nil}}}
+			// The placed column on every event: a message carries only the
+			// columns set, and the router's default for a missing
+			// additional field is an error (dead letter).
+			ev.Columns = map[string]any{"tenant": fmt.Sprintf("t%d", i%2)}
+			if i%5 == 0 {
+				// Pre-serialized JSON with its own spacing and key order.
+				ev.Payload = []byte(fmt.Sprintf(`{ "zeta":"last","seq" : %d , "alpha":[1,2],"nested":{"b":1.5,"a":null}}`, i))
+			}
+			evs = append(evs, ev)
+		}
+		return evs
+	}
+	consumerTopics := []string{}
+	for _, v := range variants {
+		consumerTopics = append(consumerTopics, "outbox.event."+v.name+suffix)
+	}
+	c := testenv.StartConsumer(t, brokers, consumerTopics...)
+	for _, v := range variants {
+		w, err := outbox.New(outbox.WithMode(v.mode))
+		if err != nil {
+			t.Fatal(err)
+		}
+		aggType := v.name + suffix
+		// Singly (one transaction per event), then in batches of 1..20.
+		for i := 0; i < n; {
+			size := 1
+			if i >= n/2 {
+				size = 1 + i%20
+			}
+			evs := events(aggType, i, min(i+size, n))
+			if v.stdlb {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := w.WriteSQL(ctx, tx, evs...); err != nil {
+					t.Fatalf("%s: %v", v.name, err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				_, err := w.Write(ctx, tx, evs...)
+				return err
+			}); err != nil {
+				t.Fatalf("%s: %v", v.name, err)
+			}
+			i += len(evs)
+		}
+		// A rolled-back transaction leaves no event in any mode.
+		tx, _ := conn.Begin(ctx)
+		if _, err := w.Write(ctx, tx, outbox.Event{AggregateType: aggType, AggregateID: "rolled-back", Type: "Never", Payload: 1}); err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Rollback(ctx)
+	}
+	// A last marker per topic is not needed: the count is exact; wait a
+	// little after reaching it to catch an unexpected extra record.
+	byVariant := map[string]map[string]*kgo.Record{}
+	for _, v := range variants {
+		recs := waitRecords(t, c, "outbox.event."+v.name+suffix, n, time.Minute)
+		byVariant[v.name] = map[string]*kgo.Record{}
+		for _, r := range recs {
+			var seq int
+			// The value is jsonb text: "seq": <n> after "nested"'s object.
+			i := strings.Index(string(r.Value), `"seq": `)
+			if i < 0 {
+				t.Fatalf("%s: value %s has no seq", v.name, r.Value)
+			}
+			fmt.Sscanf(string(r.Value[i+7:]), "%d", &seq)
+			byVariant[v.name][fmt.Sprint(seq)] = r
+		}
+	}
+	time.Sleep(time.Second)
+	ref := byVariant["table"]
+	for _, v := range variants {
+		recs := waitRecords(t, c, "outbox.event."+v.name+suffix, n, time.Second)
+		if len(recs) != n {
+			t.Errorf("%s: %d records, want %d (the rolled-back event must not appear)", v.name, len(recs), n)
+		}
+		for seq, want := range ref {
+			got := byVariant[v.name][seq]
+			if got == nil {
+				t.Errorf("%s: event seq %s missing", v.name, seq)
+				continue
+			}
+			if string(got.Key) != string(want.Key) || string(got.Value) != string(want.Value) ||
+				testenv.Header(got, "tenant") != testenv.Header(want, "tenant") {
+				t.Errorf("%s seq %s: key %q value %s tenant %q; table mode: key %q value %s tenant %q", v.name, seq,
+					got.Key, got.Value, testenv.Header(got, "tenant"), want.Key, want.Value, testenv.Header(want, "tenant"))
+			}
+			if id := testenv.Header(got, "id"); len(id) != 36 || id[14] != '7' {
+				t.Errorf("%s: id header %q is not a UUIDv7", v.name, id)
+			}
+		}
+	}
+	for _, v := range variants {
+		var rows int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE aggregatetype = $1`, v.name+suffix).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if v.mode == outbox.ModeTable {
+			want = n
+		}
+		if rows != want {
+			t.Errorf("%s: %d rows left in the outbox table, want %d", v.name, rows, want)
+		}
+	}
+	t.Logf("%d events per variant (%d variants) delivered with identical keys, values and headers; example value: %s",
+		n, len(variants), ref["3"].Value)
+	p.Signal(syscall.SIGTERM)
+	p.Wait(t, 30*time.Second)
+}
+
+// TestCleanerDeletesExpiredInBatches: only rows older than the retention go,
+// in batches.
+func TestCleanerDeletesExpiredInBatches(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	old := time.Now().Add(-2 * time.Hour)
+	var evs []outbox.Event
+	for i := 0; i < 2500; i++ {
+		evs = append(evs, outbox.Event{AggregateType: "Clean", AggregateID: "a", Type: "Old", Payload: i,
+			Columns: map[string]any{"created_at": old}})
+	}
+	for i := 0; i < 100; i++ {
+		evs = append(evs, outbox.Event{AggregateType: "Clean", AggregateID: "a", Type: "New", Payload: i})
+	}
+	if _, err := outbox.Write(ctx, conn, evs...); err != nil {
+		t.Fatal(err)
+	}
+	n, err := outbox.Cleaner{Retention: time.Hour, BatchSize: 300, Pause: time.Millisecond}.DeleteExpired(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE type = 'New'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	var total int
+	_ = conn.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&total)
+	if n != 2500 || left != 100 || total != 100 {
+		t.Fatalf("deleted %d (want 2500), %d recent rows left of %d (want 100 of 100)", n, left, total)
+	}
+}

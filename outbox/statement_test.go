@@ -1,0 +1,116 @@
+package outbox
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+)
+
+func TestStatements(t *testing.T) {
+	id := uuid.MustParse("01932c07-0000-7000-8000-000000000001")
+	ev := func(cols map[string]any) Event {
+		return Event{ID: id, AggregateType: "Order", AggregateID: "o-1", Type: "OrderPlaced", Payload: map[string]int{"n": 1}, Columns: cols}
+	}
+	tests := []struct {
+		name    string
+		mode    Mode
+		events  []Event
+		want    []string // statement texts
+		wantErr string
+	}{
+		{"table single", ModeTable, []Event{ev(nil)},
+			[]string{`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)`}, ""},
+		{"table batch with extra columns, missing ones DEFAULT", ModeTable, []Event{ev(map[string]any{"tenant": "a"}), ev(nil)},
+			[]string{`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload, "tenant") VALUES ($1, $2, $3, $4, $5, $6), ($7, $8, $9, $10, $11, DEFAULT)`}, ""},
+		{"delete after insert", ModeDeleteAfterInsert, []Event{ev(nil), ev(nil)},
+			[]string{`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5), ($6, $7, $8, $9, $10)`,
+				`DELETE FROM "public"."outbox" WHERE id = ANY($1::uuid[])`}, ""},
+		{"message single", ModeMessage, []Event{ev(nil)},
+			[]string{`SELECT pg_logical_emit_message(true, $1, $2::jsonb::text)`}, ""},
+		{"missing type", ModeTable, []Event{{AggregateType: "Order", AggregateID: "o"}}, nil, "are required"},
+		{"base column as extra", ModeTable, []Event{ev(map[string]any{"payload": 1})}, nil, "set by the Event's fields"},
+		{"invalid raw payload", ModeTable, []Event{{AggregateType: "O", AggregateID: "o", Type: "T", Payload: json.RawMessage(`{nope`)}}, nil, "not valid JSON"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := New(WithMode(tc.mode))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stmts, ids, err := w.statements(tc.events)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ids) != len(tc.events) {
+				t.Fatalf("%d ids for %d events", len(ids), len(tc.events))
+			}
+			if len(stmts) != len(tc.want) {
+				t.Fatalf("%d statements, want %d: %+v", len(stmts), len(tc.want), stmts)
+			}
+			for i := range stmts {
+				if stmts[i].sql != tc.want[i] {
+					t.Errorf("statement %d:\n got %s\nwant %s", i, stmts[i].sql, tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestMessageContent(t *testing.T) {
+	w, _ := New(WithMode(ModeMessage))
+	stmts, _, err := w.statements([]Event{{ID: uuid.MustParse("01932c07-0000-7000-8000-000000000001"), AggregateType: "Order",
+		AggregateID: "o-1", Type: "OrderPlaced", Payload: json.RawMessage(` {"b":1,"a":2} `), Columns: map[string]any{"tenant": "t1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(stmts[0].args[1].(string)), &m); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{"id": `"01932c07-0000-7000-8000-000000000001"`, "aggregatetype": `"Order"`,
+		"aggregateid": `"o-1"`, "type": `"OrderPlaced"`, "payload": `{"b":1,"a":2}`, "tenant": `"t1"`} {
+		if string(m[k]) != want {
+			t.Errorf("member %s = %s, want %s", k, m[k], want)
+		}
+	}
+}
+
+func TestNewIDsAreV7(t *testing.T) {
+	w, _ := New()
+	_, ids, err := w.statements([]Event{{AggregateType: "O", AggregateID: "o", Type: "T"}, {AggregateType: "O", AggregateID: "o", Type: "T"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids[0].Version() != 7 || ids[0] == ids[1] || ids[0].String() > ids[1].String() {
+		t.Fatalf("ids %v: want distinct, ordered UUIDv7", ids)
+	}
+}
+
+func TestQuoteTableAndParseMode(t *testing.T) {
+	for in, want := range map[string]string{"outbox": `"public"."outbox"`, "app.events": `"app"."events"`} {
+		if got, err := QuoteTable(in); err != nil || got != want {
+			t.Errorf("QuoteTable(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "a.b.c", `x"; DROP TABLE y; --`} {
+		if _, err := QuoteTable(bad); err == nil {
+			t.Errorf("QuoteTable(%q): no error", bad)
+		}
+	}
+	for _, m := range []Mode{ModeTable, ModeDeleteAfterInsert, ModeMessage} {
+		if got, err := ParseMode(m.String()); err != nil || got != m {
+			t.Errorf("ParseMode(%q) = %v, %v", m.String(), got, err)
+		}
+	}
+	if _, err := ParseMode("outbox"); err == nil {
+		t.Error("ParseMode(outbox): no error")
+	}
+}
