@@ -9,15 +9,19 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
 // TestPoisonDeadLetteredAndRedriven: an event whose routed topic Kafka would
-// reject goes whole to the DLQ topic, and one larger than the record limit
-// whole to the outbox_dead_letter table, each with its reason, while the
-// events around them flow on; after the fix (a router setting, a larger
-// limit) `connector redrive` publishes them and removes them.
+// reject goes whole to the DLQ topic, and one larger than the broker's
+// message size limit (1 MiB by default, which OUTBOX_KAFKA_MAX_MESSAGE_BYTES
+// mirrors) whole to the outbox_dead_letter table, each with its reason,
+// while the events around them flow on; after the fix (a router setting; a
+// larger limit on the topic and in the connector) `connector redrive`
+// publishes them and removes them.
 func TestPoisonDeadLetteredAndRedriven(t *testing.T) {
 	pg := testenv.StartPostgres(t, testenv.PGOptions{})
 	brokers := testenv.SharedKafka(t)
@@ -26,7 +30,7 @@ func TestPoisonDeadLetteredAndRedriven(t *testing.T) {
 	conn := pg.Conn(t, "outbox")
 	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
 	aggType, dlq := "poison"+suffix, "dlq"+suffix
-	env := connectorEnv(pg, brokers, "OUTBOX_KAFKA_MAX_MESSAGE_BYTES", "4096", "OUTBOX_DLQ_TOPIC", dlq)
+	env := connectorEnv(pg, brokers, "OUTBOX_DLQ_TOPIC", dlq)
 	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
 	dc := testenv.StartConsumer(t, brokers, dlq)
 	p := testenv.StartProc(t, bin, env)
@@ -35,7 +39,7 @@ func TestPoisonDeadLetteredAndRedriven(t *testing.T) {
 	w := testenv.NewWriter()
 	w.Write(t, ctx, conn, aggType, 50, 5, 5)
 	badID, bigID := uuid.NewString(), uuid.NewString()
-	bigPayload := `{"pad": "` + strings.Repeat("z", 10000) + `"}`
+	bigPayload := `{"pad": "` + strings.Repeat("z", 1200000) + `"}`
 	if _, err := conn.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES
 		($1, $2, 'a1', 'Bad', '{"bad": true}'), ($3, $4, 'a2', 'Big', $5)`, badID, "bad type!"+suffix, bigID, aggType, bigPayload); err != nil {
 		t.Fatal(err)
@@ -76,7 +80,7 @@ func TestPoisonDeadLetteredAndRedriven(t *testing.T) {
 		t.Fatalf("the oversized event is not in outbox_dead_letter: %v", err)
 	}
 	if class != "record-too-large" || payload != bigPayload {
-		t.Errorf("dead-letter row: class %q, payload of %d bytes; want record-too-large and the %d-byte payload", class, len(payload), len(bigPayload))
+		t.Errorf("dead-letter row: class %q, payload of %d bytes; want record-too-large and the %d-byte payload whole", class, len(payload), len(bigPayload))
 	}
 
 	// The fixes: a larger record limit; a router setting that maps the bad
@@ -93,7 +97,18 @@ func TestPoisonDeadLetteredAndRedriven(t *testing.T) {
 		}
 		t.Logf("redrive %v: %s", args, strings.TrimSpace(lastLine(rp.Output())))
 	}
-	redrive("OUTBOX_KAFKA_MAX_MESSAGE_BYTES", "1048576", "FROM", "table")
+	// The fix for the oversized event: the topic accepts 4 MiB records now,
+	// and so does the connector.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	four := "4194304"
+	if _, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &four}}, "outbox.event."+aggType); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	redrive("OUTBOX_KAFKA_MAX_MESSAGE_BYTES", four, "FROM", "table")
 	var left int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox_dead_letter").Scan(&left); err != nil || left != 0 {
 		t.Errorf("outbox_dead_letter holds %d rows after redrive (%v); want 0", left, err)
