@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
@@ -46,68 +44,6 @@ func tail(s string) string {
 	return s
 }
 
-// backgroundWriter writes transactions of 1..20 events until stopped,
-// retrying through faults; only committed transactions are expected.
-type backgroundWriter struct {
-	w      *testenv.Writer
-	stop   chan struct{}
-	done   chan struct{}
-	errors int
-}
-
-func startWriter(t testing.TB, pg *testenv.Postgres, aggType string, aggs int, pause time.Duration) *backgroundWriter {
-	t.Helper()
-	bw := &backgroundWriter{w: testenv.NewWriter(), stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(bw.done)
-		ctx := context.Background()
-		rng := rand.New(rand.NewSource(time.Now().UnixNano()))
-		var conn *pgx.Conn
-		defer func() {
-			if conn != nil {
-				conn.Close(ctx)
-			}
-		}()
-		for i := 0; ; i++ {
-			select {
-			case <-bw.stop:
-				return
-			default:
-			}
-			if conn == nil || conn.IsClosed() {
-				c, err := pgx.Connect(ctx, pg.DSN("outbox"))
-				if err != nil {
-					bw.errors++
-					time.Sleep(100 * time.Millisecond)
-					continue
-				}
-				conn = c
-			}
-			if err := bw.w.Tx(ctx, conn, aggType, 1+rng.Intn(20), aggs, rng.Intn(aggs)); err != nil {
-				bw.errors++
-				conn.Close(ctx)
-				conn = nil
-				time.Sleep(50 * time.Millisecond)
-			}
-			if pause > 0 {
-				time.Sleep(pause)
-			}
-		}
-	}()
-	t.Cleanup(func() { bw.halt() })
-	return bw
-}
-
-func (bw *backgroundWriter) halt() []testenv.Event {
-	select {
-	case <-bw.stop:
-	default:
-		close(bw.stop)
-	}
-	<-bw.done
-	return bw.w.Snapshot()
-}
-
 // TestKill9Repeatedly kills the connector with SIGKILL 20 times at random
 // moments while events are written: nothing is lost and first deliveries
 // per aggregate stay in commit order; the duplicate count is reported.
@@ -118,7 +54,7 @@ func TestKill9Repeatedly(t *testing.T) {
 	aggType := fmt.Sprintf("kill%d", time.Now().UnixNano()%1e9)
 	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
 	env := connectorEnv(pg, brokers)
-	bw := startWriter(t, pg, aggType, 200, time.Millisecond)
+	bw := testenv.StartLoad(t, pg.DSN("outbox"), aggType, 200, time.Millisecond)
 	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 	const kills = 20
 	for i := 0; i < kills; i++ {
@@ -128,7 +64,7 @@ func TestKill9Repeatedly(t *testing.T) {
 		p.Signal(syscall.SIGKILL)
 		p.Wait(t, 10*time.Second)
 	}
-	want := bw.halt()
+	want := bw.Halt()
 	p := testenv.StartProc(t, bin, env)
 	c.WaitFor(t, want, 2*time.Minute)
 	p.Signal(syscall.SIGTERM)
@@ -136,7 +72,7 @@ func TestKill9Repeatedly(t *testing.T) {
 		t.Errorf("SIGTERM: exit code %d; output:\n%s", code, tail(p.Output()))
 	}
 	dups := c.Verify(t, want)
-	t.Logf("%d kills with SIGKILL; %d events written (%d writer errors), all delivered in order; %d duplicate deliveries", kills, len(want), bw.errors, dups)
+	t.Logf("%d kills with SIGKILL; %d events written (%d writer errors), all delivered in order; %d duplicate deliveries", kills, len(want), bw.Errors(), dups)
 }
 
 // TestSIGTERMWhileFlowing: SIGTERM while events flow exits 0, and a restart
@@ -149,7 +85,7 @@ func TestSIGTERMWhileFlowing(t *testing.T) {
 	aggType := fmt.Sprintf("term%d", time.Now().UnixNano()%1e9)
 	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
 	env := connectorEnv(pg, brokers)
-	bw := startWriter(t, pg, aggType, 50, 0)
+	bw := testenv.StartLoad(t, pg.DSN("outbox"), aggType, 50, 0)
 	for i := 0; i < 3; i++ {
 		p := testenv.StartProc(t, bin, env)
 		waitOutput(t, p, "msg=streaming", 60*time.Second)
@@ -173,7 +109,7 @@ func TestSIGTERMWhileFlowing(t *testing.T) {
 		}
 		t.Logf("  slot confirmed after stop: %s", slotPos)
 	}
-	want := bw.halt()
+	want := bw.Halt()
 	p := testenv.StartProc(t, bin, env)
 	c.WaitFor(t, want, 2*time.Minute)
 	p.Signal(syscall.SIGTERM)

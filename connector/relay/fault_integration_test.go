@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"errors"
-	"math/rand"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,71 +14,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
-// loadWriter writes transactions of 1..20 events until stopped, reconnecting
-// through faults; only transactions whose COMMIT succeeded are expected.
-type loadWriter struct {
-	w      *testenv.Writer
-	stop   chan struct{}
-	done   chan struct{}
-	errors int
-}
-
-func startLoad(t testing.TB, dsn, aggType string, pause time.Duration) *loadWriter {
-	t.Helper()
-	lw := &loadWriter{w: testenv.NewWriter(), stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(lw.done)
-		ctx := context.Background()
-		rng := rand.New(rand.NewSource(time.Now().UnixNano()))
-		var conn *pgx.Conn
-		defer func() {
-			if conn != nil {
-				conn.Close(ctx)
-			}
-		}()
-		for {
-			select {
-			case <-lw.stop:
-				return
-			default:
-			}
-			if conn == nil {
-				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				c, err := pgx.Connect(cctx, dsn)
-				cancel()
-				if err != nil {
-					lw.errors++
-					time.Sleep(100 * time.Millisecond)
-					continue
-				}
-				conn = c
-			}
-			tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := lw.w.Tx(tctx, conn, aggType, 1+rng.Intn(20), 100, rng.Intn(100))
-			cancel()
-			if err != nil {
-				lw.errors++
-				conn.Close(ctx)
-				conn = nil
-				time.Sleep(50 * time.Millisecond)
-			}
-			time.Sleep(pause)
-		}
-	}()
-	t.Cleanup(func() { lw.halt() })
-	return lw
-}
-
-func (lw *loadWriter) halt() []testenv.Event {
-	select {
-	case <-lw.stop:
-	default:
-		close(lw.stop)
-	}
-	<-lw.done
-	return lw.w.Snapshot()
-}
-
 // TestKafkaOutage: the broker stopped for 30 s, and frozen with SIGSTOP for
 // 400 ms, while events are written: nothing is lost.
 func TestKafkaOutage(t *testing.T) {
@@ -88,7 +22,7 @@ func TestKafkaOutage(t *testing.T) {
 	aggType := uniqueType("kout")
 	run := startRelay(t, testConfig(t, pg.DSN("outbox"), k.Brokers))
 	run.waitStreaming(t)
-	lw := startLoad(t, pg.DSN("outbox"), aggType, 2*time.Millisecond)
+	lw := testenv.StartLoad(t, pg.DSN("outbox"), aggType, 100, 2*time.Millisecond)
 
 	time.Sleep(time.Second)
 	if err := k.Freeze(); err != nil {
@@ -107,7 +41,7 @@ func TestKafkaOutage(t *testing.T) {
 	}
 	t.Log("broker restarted")
 	time.Sleep(2 * time.Second)
-	want := lw.halt()
+	want := lw.Halt()
 	c := testenv.StartConsumer(t, k.Brokers, "outbox.event."+aggType)
 	c.WaitFor(t, want, 3*time.Minute)
 	if err := run.stop(t); err != nil {
@@ -126,7 +60,7 @@ func TestPostgresImmediateRestart(t *testing.T) {
 	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
 	run := startRelay(t, testConfig(t, pg.DSN("outbox"), brokers))
 	run.waitStreaming(t)
-	lw := startLoad(t, pg.DSN("outbox"), aggType, time.Millisecond)
+	lw := testenv.StartLoad(t, pg.DSN("outbox"), aggType, 100, time.Millisecond)
 	for i := 0; i < 2; i++ {
 		time.Sleep(2 * time.Second)
 		if err := pg.Stop("immediate"); err != nil {
@@ -138,14 +72,14 @@ func TestPostgresImmediateRestart(t *testing.T) {
 		}
 	}
 	time.Sleep(3 * time.Second)
-	want := lw.halt()
+	want := lw.Halt()
 	c.WaitFor(t, want, 2*time.Minute)
 	if err := run.stop(t); err != nil {
 		t.Fatalf("relay stopped with %v", err)
 	}
 	dups := c.Verify(t, want)
 	t.Logf("%d events across two immediate PostgreSQL restarts (%d writer errors); all delivered in order; %d duplicates; reconnects: %s",
-		len(want), lw.errors, dups, metricValue(t, run, "outbox_connector_reconnects_total"))
+		len(want), lw.Errors(), dups, metricValue(t, run, "outbox_connector_reconnects_total"))
 }
 
 // TestQuietOutboxBusyDatabase: with no outbox events, 64 MiB of WAL written

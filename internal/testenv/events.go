@@ -3,7 +3,9 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,3 +239,77 @@ func (c *Consumer) Verify(t testing.TB, want []Event) int {
 	}
 	return dups
 }
+
+// Load writes transactions of 1..20 events in the background until halted,
+// reconnecting through faults (a server restart, a killed backend); only
+// transactions whose COMMIT succeeded are expected in Kafka.
+type Load struct {
+	w      *Writer
+	stop   chan struct{}
+	done   chan struct{}
+	errors atomic.Int64
+}
+
+// StartLoad starts a Load on dsn over aggs aggregates of aggType, pausing
+// between transactions.
+func StartLoad(t testing.TB, dsn, aggType string, aggs int, pause time.Duration) *Load {
+	t.Helper()
+	l := &Load{w: NewWriter(), stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		ctx := context.Background()
+		rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+		var conn *pgx.Conn
+		defer func() {
+			if conn != nil {
+				conn.Close(ctx)
+			}
+		}()
+		for {
+			select {
+			case <-l.stop:
+				return
+			default:
+			}
+			if conn == nil {
+				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				c, err := pgx.Connect(cctx, dsn)
+				cancel()
+				if err != nil {
+					l.errors.Add(1)
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				conn = c
+			}
+			tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := l.w.Tx(tctx, conn, aggType, 1+rng.Intn(20), aggs, rng.Intn(aggs))
+			cancel()
+			if err != nil {
+				l.errors.Add(1)
+				conn.Close(ctx)
+				conn = nil
+				time.Sleep(50 * time.Millisecond)
+			}
+			if pause > 0 {
+				time.Sleep(pause)
+			}
+		}
+	}()
+	t.Cleanup(func() { l.Halt() })
+	return l
+}
+
+// Halt stops the load and returns every committed event, in commit order.
+func (l *Load) Halt() []Event {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	<-l.done
+	return l.w.Snapshot()
+}
+
+// Errors is how many transactions or connections failed (and were retried).
+func (l *Load) Errors() int64 { return l.errors.Load() }
