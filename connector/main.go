@@ -80,7 +80,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("router settings: %w", err)
 	}
 	r := relay.New(cfg, router, log, m)
-	m.Leader.Set(0)
 
 	var srv *http.Server
 	if cfg.HTTPAddr != "" {
@@ -93,25 +92,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		log.Info("serving /metrics, /healthz, /readyz, /leader", "addr", ln.Addr().String())
 	}
 	log.Info("starting", "pg", config.RedactDSN(cfg.PGDSN), "kafka", cfg.Kafka.Brokers, "slot", cfg.Slot, "publication", cfg.Publication, "table", cfg.Table)
-	leaderCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		// Without HA the instance leads while it streams.
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-leaderCtx.Done():
-				return
-			case <-t.C:
-				if r.Streaming() {
-					m.Leader.Set(1)
-				} else {
-					m.Leader.Set(0)
-				}
-			}
-		}
-	}()
+	// Run competes for the slot's lease, leads while it holds it, and at
+	// SIGTERM stops gracefully and releases the lease.
 	err = r.Run(ctx)
 	if srv != nil {
 		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
@@ -135,19 +117,25 @@ func handler(r *relay.Relay, m *metrics.Metrics) http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	// Ready on a healthy leader and on a healthy standby alike: a standby
+	// that never became ready would block rolling updates.
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if stalled, why := r.Stalled(); stalled {
-			http.Error(w, "stalled: "+why, http.StatusServiceUnavailable)
+		if ok, why := r.Ready(); !ok {
+			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintln(w, "ready")
+		if r.Leading() {
+			fmt.Fprintln(w, "ready (leader)")
+			return
+		}
+		fmt.Fprintln(w, "ready (standby)")
 	})
 	mux.HandleFunc("/leader", func(w http.ResponseWriter, _ *http.Request) {
-		if !r.Streaming() {
-			http.Error(w, "not leading", http.StatusServiceUnavailable)
+		if !r.Leading() {
+			http.Error(w, "not leading (standby)", http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintln(w, "leader")
+		fmt.Fprintf(w, "leader (token %d)\n", r.Token())
 	})
 	return mux
 }

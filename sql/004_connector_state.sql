@@ -11,10 +11,22 @@ CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
 
 -- The leader lease (one row per slot): the holder, a fencing token that grows
 -- on every acquisition, and an expiry computed with the database's clock.
+-- holder_pid is the backend pid of the holder's lease session: when that
+-- session no longer exists (the holder was killed, or its connection cut), a
+-- standby takes over at once instead of waiting for the expiry. NULL once the
+-- holder released the lease. Never delete a row: its token must keep growing.
+-- A new leader terminates the previous leader's lease session and walsender
+-- (pg_terminate_backend): a role may end its own sessions, so run every
+-- instance as the same role (outbox_connector, sql/005); instances running as
+-- different roles need GRANT pg_signal_backend, and without it the new leader
+-- waits for the old walsender's wal_sender_timeout (capped at the lease TTL on
+-- the connector's replication connection).
 CREATE TABLE IF NOT EXISTS public.outbox_lease (
     slot_name   text        PRIMARY KEY,
     holder      text        NOT NULL,
     token       bigint      NOT NULL,
     acquired_at timestamptz NOT NULL DEFAULT now(),
-    expires_at  timestamptz NOT NULL
+    expires_at  timestamptz NOT NULL,
+    holder_pid  integer
 );
+ALTER TABLE public.outbox_lease ADD COLUMN IF NOT EXISTS holder_pid integer;

@@ -51,7 +51,10 @@ type Config struct {
 	// MaxInFlight bounds the records buffered for Kafka
 	// (OUTBOX_MAX_IN_FLIGHT, default 10000); reading the WAL pauses beyond it.
 	MaxInFlight int
-	// LeaseTTL is the leader lease's time to live (OUTBOX_LEASE_TTL, default 10s).
+	// LeaseTTL is the leader lease's time to live (OUTBOX_LEASE_TTL, default
+	// 10s). The leader renews it every third of the TTL; the replication
+	// connection's wal_sender_timeout is capped at it, so a frozen leader's
+	// walsender gives up the slot by the time a standby takes over.
 	LeaseTTL time.Duration
 	// LogLevel is debug, info, warn or error (OUTBOX_LOG_LEVEL, default info).
 	LogLevel string
@@ -68,6 +71,16 @@ type Config struct {
 	Compression string
 	// Linger is how long the producer waits to fill a batch (OUTBOX_KAFKA_LINGER, default 0).
 	Linger time.Duration
+	// Transactional produces in Kafka transactions with one transactional id
+	// per slot, so that a new leader fences the previous one at the broker
+	// (OUTBOX_KAFKA_TRANSACTIONAL, default true). A record counts as acked
+	// when its transaction committed. false: idempotent producer, fenced only
+	// by the lease's timing.
+	Transactional bool
+	// TxnInterval is the longest a Kafka transaction stays open
+	// (OUTBOX_KAFKA_TXN_INTERVAL, default 100ms); it commits sooner when the
+	// stream has nothing more to hand over, or at OUTBOX_MAX_IN_FLIGHT records.
+	TxnInterval time.Duration
 	// MaxMessageBytes is the largest record (OUTBOX_KAFKA_MAX_MESSAGE_BYTES,
 	// default 1048576, the broker's default message.max.bytes); a larger
 	// event goes whole to the outbox_dead_letter table.
@@ -101,12 +114,14 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Duration(&c.StallTimeout, "stall-timeout", "OUTBOX_STALL_TIMEOUT", time.Minute, "/healthz fails when events are in flight and nothing was acked for this long")
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", "OUTBOX_SHUTDOWN_TIMEOUT", 30*time.Second, "deadline for the graceful stop")
 	b.Int(&c.MaxInFlight, "max-in-flight", "OUTBOX_MAX_IN_FLIGHT", 10000, "records buffered for Kafka before WAL reading pauses")
-	b.Duration(&c.LeaseTTL, "lease-ttl", "OUTBOX_LEASE_TTL", 10*time.Second, "leader lease time to live")
+	b.Duration(&c.LeaseTTL, "lease-ttl", "OUTBOX_LEASE_TTL", 10*time.Second, "leader lease time to live; renewed every third of it")
 	b.String(&c.LogLevel, "log-level", "OUTBOX_LOG_LEVEL", "info", "debug, info, warn or error")
 	b.String(&c.LogFormat, "log-format", "OUTBOX_LOG_FORMAT", "text", "text or json")
 	c.Kafka.Bind(b, "outbox-connector")
 	b.String(&c.Compression, "kafka-compression", "OUTBOX_KAFKA_COMPRESSION", "lz4", "producer compression: none, gzip, snappy, lz4, zstd")
 	b.Duration(&c.Linger, "kafka-linger", "OUTBOX_KAFKA_LINGER", 0, "producer linger")
+	b.Bool(&c.Transactional, "kafka-transactional", "OUTBOX_KAFKA_TRANSACTIONAL", true, "produce in Kafka transactions so that a new leader fences the old one at the broker (false: idempotent producer)")
+	b.Duration(&c.TxnInterval, "kafka-txn-interval", "OUTBOX_KAFKA_TXN_INTERVAL", 100*time.Millisecond, "longest a Kafka transaction stays open")
 	b.Int(&c.MaxMessageBytes, "kafka-max-message-bytes", "OUTBOX_KAFKA_MAX_MESSAGE_BYTES", 1048576, "largest record; larger events go to the outbox_dead_letter table")
 	b.Bool(&c.TopicCreate, "topic-create", "OUTBOX_TOPIC_CREATE", true, "create missing topics")
 	b.Int(&c.TopicPartitions, "topic-partitions", "OUTBOX_TOPIC_PARTITIONS", 6, "partitions of created topics")
@@ -161,6 +176,15 @@ func (c *Config) Validate() error {
 	}
 	if c.LeaseTTL < time.Second {
 		errs = append(errs, fmt.Errorf("OUTBOX_LEASE_TTL: %s; use at least 1s", c.LeaseTTL))
+	} else {
+		// Status updates keep the walsender alive; its timeout is capped at
+		// the TTL on the connector's replication connection.
+		if c.StatusInterval > c.LeaseTTL/3 {
+			errs = append(errs, fmt.Errorf("OUTBOX_STATUS_INTERVAL: %s is over a third of OUTBOX_LEASE_TTL (%s); lower it or raise the TTL", c.StatusInterval, c.LeaseTTL))
+		}
+		if c.TxnInterval < time.Millisecond || c.TxnInterval > c.LeaseTTL/3 {
+			errs = append(errs, fmt.Errorf("OUTBOX_KAFKA_TXN_INTERVAL: %s; use a duration between 1ms and a third of OUTBOX_LEASE_TTL (%s)", c.TxnInterval, c.LeaseTTL))
+		}
 	}
 	switch c.Compression {
 	case "none", "gzip", "snappy", "lz4", "zstd":

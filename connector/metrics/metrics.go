@@ -18,10 +18,16 @@ type Metrics struct {
 	StatusUpdates  prometheus.Counter
 	Reconnects     *prometheus.CounterVec
 	CommitToAck    prometheus.Histogram
-	Leader         prometheus.Gauge
 	LeaseToken     prometheus.Gauge
 	Takeovers      prometheus.Counter
 	SnapshotEvents prometheus.Counter
+	// KafkaTxns counts Kafka transactions by result (commit, abort).
+	KafkaTxns *prometheus.CounterVec
+	// KafkaTxnCommit is how long a commit takes: flushing the transaction's
+	// records, then ending it.
+	KafkaTxnCommit prometheus.Histogram
+	// outbox_connector_leader is a gauge function the relay registers
+	// (computed at scrape time from the lease, see relay.New).
 }
 
 // New registers the collectors on a new registry.
@@ -59,10 +65,6 @@ func New() *Metrics {
 			Help:    "Time from the event's transaction commit in PostgreSQL to Kafka's acknowledgement.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
-		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outbox_connector_leader",
-			Help: "1 while this instance leads (streams the slot), 0 as a standby.",
-		}),
 		LeaseToken: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_connector_lease_token",
 			Help: "The fencing token of the lease this instance holds or last held.",
@@ -71,13 +73,22 @@ func New() *Metrics {
 			Name: "outbox_connector_takeovers_total",
 			Help: "Times this instance acquired the leader lease.",
 		}),
+		KafkaTxns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_kafka_transactions_total",
+			Help: "Kafka transactions ended, by result (commit, abort).",
+		}, []string{"result"}),
+		KafkaTxnCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_connector_kafka_transaction_commit_seconds",
+			Help:    "Time to commit a Kafka transaction: flush its records, then end it.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
 		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_snapshot_events_total",
 			Help: "Rows published by initial snapshots.",
 		}),
 	}
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
-		m.CommitToAck, m.Leader, m.LeaseToken, m.Takeovers, m.SnapshotEvents)
+		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit)
 	return m
 }
 

@@ -37,6 +37,20 @@ type Config struct {
 	Headers func() []kgo.RecordHeader
 	// Published, when set, counts records acked by Kafka.
 	Published *atomic.Int64
+
+	// Transactional produces in Kafka transactions (see txn.go); the
+	// client must have a transactional id.
+	Transactional bool
+	// TxnInterval is the longest a transaction stays open.
+	TxnInterval time.Duration
+	// TxnMaxRecords commits a transaction once it holds this many records.
+	TxnMaxRecords int
+	// Poison remembers, across sessions, records that aborted a transaction.
+	Poison *Poison
+	// Valid, when set, reports whether this instance may still publish (it
+	// holds the leader lease); checked before every record, every dead
+	// letter and every commit.
+	Valid func() bool
 }
 
 // Producer turns events into records and produces them.
@@ -56,6 +70,8 @@ type Producer struct {
 	fatal   error
 	wake    chan struct{}
 	pubVecs sync.Map // topic -> prometheus.Counter, to skip label hashing per event
+
+	txn txnState // transactional mode: the open Kafka transaction
 }
 
 type pending struct {
@@ -118,6 +134,9 @@ func (p *Producer) Run(ctx context.Context, in <-chan wal.Event, onFatal func())
 	if err := p.ensureTopic(ctx, p.cfg.DLQTopic); err != nil {
 		onFatal()
 		return err
+	}
+	if p.cfg.Transactional {
+		return p.runTxn(ctx, in, onFatal)
 	}
 	for {
 		if err := p.fatalErr(); err != nil {
@@ -226,6 +245,9 @@ func recordSize(r *kgo.Record) int {
 }
 
 func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) error {
+	if !p.valid() {
+		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
+	}
 	if p.cfg.Headers != nil {
 		rec.Headers = append(rec.Headers, p.cfg.Headers()...)
 	}
@@ -240,6 +262,9 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) e
 			}
 			return err
 		}
+	}
+	if p.cfg.Transactional {
+		return p.sendTxn(ctx, ev, rec, "", false)
 	}
 	p.client.Produce(ctx, rec, func(r *kgo.Record, err error) { p.done(ev, r, err) })
 	return nil
@@ -370,6 +395,12 @@ func (p *Producer) deadLetter(ctx context.Context, ev wal.Event, intended string
 	class := classOf(cause)
 	p.log.Warn("dead-lettering an event to the DLQ topic", "topic", intended, "dlq", p.cfg.DLQTopic, "class", class, "lsn", wal.FormatLSN(ev.Row.Source.LSN), "err", cause)
 	p.metrics.DeadLettered.WithLabelValues(intended, class, "topic").Inc()
+	if p.cfg.Transactional {
+		return p.sendTxn(ctx, ev, rec, intended, true)
+	}
+	if !p.valid() {
+		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
+	}
 	p.client.Produce(ctx, rec, func(r *kgo.Record, err error) {
 		if err == nil {
 			ev.Txn.Done()
@@ -420,6 +451,9 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, intended s
 	class := classOf(cause)
 	backoff := 100 * time.Millisecond
 	for {
+		if !p.valid() {
+			return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
+		}
 		_, err := p.pool.Exec(ctx, insertDeadLetter, *id, col("aggregatetype"), col("aggregateid"), col("type"), col("payload"),
 			data, typeData, intended, cause.Error(), class, wal.FormatLSN(row.Source.LSN))
 		if err == nil {

@@ -151,7 +151,11 @@ func (r *Redriver) FromTopic(ctx context.Context, opts []kgo.Opt, topic, group s
 	var res Result
 	cl, err := kgo.NewClient(append(opts, kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 		kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// The connector writes the DLQ topic in Kafka transactions: a
+		// partition's last offset is often a transaction marker, which
+		// the loop below must see to know it reached the end.
+		kgo.KeepControlRecords())...)
 	if err != nil {
 		return res, err
 	}
@@ -200,6 +204,12 @@ func (r *Redriver) FromTopic(ctx context.Context, opts []kgo.Opt, topic, group s
 		fs.EachRecord(func(rec *kgo.Record) {
 			end, ok := remaining[rec.Partition]
 			if !ok || stopped[rec.Partition] {
+				return
+			}
+			if rec.Attrs.IsControl() {
+				if rec.Offset+1 >= end {
+					delete(remaining, rec.Partition)
+				}
 				return
 			}
 			row, err := rowFrom(rec.Value, []byte(header(rec, "column.types")))

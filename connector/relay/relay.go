@@ -1,7 +1,9 @@
-// Package relay runs the connector: it prepares the slot (creating it with
-// an initial snapshot, or adopting it after checking it against the state
-// row), streams it into the producer, persists what it confirms, and
-// reconnects with capped backoff after transient failures.
+// Package relay runs the connector: it competes for the slot's leader lease
+// and, while it holds it, fences the previous leader (Kafka producer epoch,
+// the slot's old walsender), prepares the slot (creating it with an initial
+// snapshot, or adopting it after checking it against the state row), streams
+// it into the producer, persists what it confirms, and reconnects with capped
+// backoff after transient failures. Losing the lease stops it at once.
 package relay
 
 import (
@@ -9,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,10 +22,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
+	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/pgoutbox/pgoutbox/connector/config"
+	"github.com/pgoutbox/pgoutbox/connector/lease"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/publish"
 	"github.com/pgoutbox/pgoutbox/connector/tracker"
@@ -46,14 +53,45 @@ type Relay struct {
 	lastErr   atomic.Pointer[string]
 	published atomic.Int64
 
-	// headers returns the per-record headers (the lease token).
-	headers func() []kgo.RecordHeader
+	elector *lease.Elector
+	lead    atomic.Pointer[leadership] // the current or last term
+	poison  publish.Poison             // records that aborted a Kafka transaction
+}
+
+// TokenHeader is the record header carrying the lease's fencing token
+// (decimal text).
+const TokenHeader = "outbox.lease.token"
+
+// leadership is this instance's state during one term of the lease.
+type leadership struct {
+	term *lease.Term
+	// established: the previous leader is fenced (Kafka producer epoch
+	// bumped, the slot's old walsender gone); from then on the instance
+	// reports itself leader.
+	established atomic.Bool
+	headers     []kgo.RecordHeader
 }
 
 // New returns a relay for cfg.
 func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.Metrics) *Relay {
 	schema, table, _ := config.SplitTable(cfg.Table)
 	r := &Relay{cfg: cfg, log: log, metrics: m, router: router, schema: schema, table: table}
+	r.elector = lease.New(lease.Config{
+		DSN: cfg.PGDSN, Slot: cfg.Slot, Holder: lease.DefaultHolder(), TTL: cfg.LeaseTTL,
+		Log: log.With("component", "lease"),
+		OnAcquire: func(t *lease.Term) {
+			m.Takeovers.Inc()
+			m.LeaseToken.Set(float64(t.Token))
+		},
+	})
+	// Computed at scrape time from the monotonic clock: a process resumed
+	// after a freeze reports 0 at once, before its timers have run.
+	m.GaugeFunc("outbox_connector_leader", "1 while this instance leads (holds the lease and has fenced the previous leader), 0 as a standby.", func() float64 {
+		if r.Leading() {
+			return 1
+		}
+		return 0
+	})
 	m.GaugeFunc("outbox_connector_events_in_flight", "Events handed to Kafka and not yet acknowledged.", func() float64 {
 		if t := r.cur.Load(); t != nil {
 			return float64(t.Positions().InFlight)
@@ -86,11 +124,35 @@ func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.M
 	return r
 }
 
-// SetHeaders sets a function whose headers are added to every record.
-func (r *Relay) SetHeaders(f func() []kgo.RecordHeader) { r.headers = f }
-
 // Streaming reports whether a session is streaming the slot.
 func (r *Relay) Streaming() bool { return r.streaming.Load() }
+
+// Leading reports whether this instance leads: it holds the lease, by its
+// own monotonic clock, and has fenced the previous leader.
+func (r *Relay) Leading() bool {
+	l := r.lead.Load()
+	return l != nil && l.established.Load() && l.term.Valid()
+}
+
+// Token is the fencing token of the current or last term (0 before any).
+func (r *Relay) Token() int64 {
+	if l := r.lead.Load(); l != nil {
+		return l.term.Token
+	}
+	return 0
+}
+
+// Ready reports a healthy leader or standby: not stalled, and able to see
+// the lease (a standby that cannot could never take over).
+func (r *Relay) Ready() (bool, string) {
+	if stalled, why := r.Stalled(); stalled {
+		return false, "stalled: " + why
+	}
+	if ok, why := r.elector.Healthy(); !ok {
+		return false, "lease: " + why
+	}
+	return true, ""
+}
 
 // Stalled reports events in flight with no acknowledgement for longer than
 // the stall timeout.
@@ -118,32 +180,47 @@ func (r *Relay) LastError() string {
 	return ""
 }
 
-// Run streams until ctx is done (then stops gracefully: stop reading, flush
-// Kafka, confirm the last acked LSN) or a fatal error.
+// Run competes for the lease until ctx is done, streaming while it leads.
+// At shutdown a leader stops gracefully (stop reading, flush Kafka, confirm
+// the last acked LSN) and then releases the lease, so that a standby takes
+// over at once. Run returns nil then, or a fatal error.
 func (r *Relay) Run(ctx context.Context) error {
-	kcl, err := r.newKafkaClient()
-	if err != nil {
-		return err
-	}
-	defer kcl.Close()
 	pool, err := pgxpool.New(ctx, r.cfg.PGDSN)
 	if err != nil {
 		return &wal.FatalError{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
 	}
 	defer pool.Close()
+	return r.elector.Run(ctx, func(ctx context.Context, t *lease.Term) error { return r.leadTerm(ctx, t, pool) })
+}
 
+// leadTerm streams during one term, reconnecting after transient failures.
+// It returns when ctx is done (nil after a graceful stop), when the term
+// ends (its error wraps lease.ErrLost), or on a fatal error.
+func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool) error {
+	l := &leadership{term: t, headers: []kgo.RecordHeader{{Key: TokenHeader, Value: []byte(strconv.FormatInt(t.Token, 10))}}}
+	r.lead.Store(l)
+	tctx := t.Context()
 	backoff := 500 * time.Millisecond
 	for {
 		started := time.Now()
-		err := r.session(ctx, kcl, pool)
+		err := r.session(ctx, l, pool)
 		r.streaming.Store(false)
-		if ctx.Err() != nil {
+		switch {
+		case tctx.Err() != nil:
+			return t.Err()
+		case ctx.Err() != nil:
 			return err
-		}
-		if err == nil {
+		case err == nil:
 			continue
-		}
-		if wal.IsFatal(err) {
+		case errors.Is(err, lease.ErrLost) && !t.Valid():
+			return err
+		case errors.Is(err, lease.ErrLost):
+			// Fenced at Kafka while the lease is still ours: a leader
+			// whose term had ended initialised the transactional id after
+			// we did (it publishes nothing: its lease is gone). A new
+			// session takes the id back.
+			r.log.Warn("Kafka fenced this leader's producer although it holds the lease; starting a new session", "token", t.Token, "err", err)
+		case wal.IsFatal(err):
 			return err
 		}
 		msg := config.RedactError(err, r.cfg.PGDSN)
@@ -156,6 +233,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-tctx.Done():
+			return t.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 30*time.Second)
@@ -169,15 +248,48 @@ func target(err error) string {
 	return "postgres"
 }
 
-func (r *Relay) newKafkaClient() (*kgo.Client, error) {
-	opts := r.cfg.Kafka.Opts(r.log)
+// newKafkaClient returns the session's Kafka client: transactional with
+// txnID when OUTBOX_KAFKA_TRANSACTIONAL is on. A client lives for one
+// session, so a new session always starts with a new producer epoch; it
+// must be closed before the next is made (its metrics are unregistered then).
+func (r *Relay) newKafkaClient(txnID string) (*kgo.Client, error) {
+	opts := r.cfg.Kafka.Opts(nil)
 	opts = append(opts, publish.ClientOpts(r.cfg.MaxInFlight, r.cfg.MaxMessageBytes, r.cfg.Compression, r.cfg.Linger)...)
-	opts = append(opts, kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry))))
+	if r.cfg.Transactional {
+		opts = append(opts, kgo.TransactionalID(txnID), kgo.RetryBackoffFn(txnRetryBackoff))
+	}
+	opts = append(opts,
+		kgo.WithLogger(kafkaLogger{kslog.New(r.log.With("component", "kafka"))}),
+		kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry))))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, &wal.FatalError{Msg: "Kafka client settings (OUTBOX_KAFKA_*)", Err: err}
 	}
 	return cl, nil
+}
+
+// txnRetryBackoff replaces franz-go's default retry backoff (250 ms to 5 s)
+// for transactional clients. Since KIP-890, the first produce request of a
+// transaction begun right after the previous one ended may be answered
+// CONCURRENT_TRANSACTIONS while the broker still writes the commit markers;
+// franz-go retries it like any retriable produce error, and with a commit
+// every few milliseconds 250 ms there would be the connector's latency. It
+// grows from 10 ms to 1 s, with jitter.
+func txnRetryBackoff(fails int) time.Duration {
+	d := 10 * time.Millisecond << min(max(fails-1, 0), 7)
+	d = min(d, time.Second)
+	return d - time.Duration(rand.Int64N(int64(d)/5))
+}
+
+// kafkaLogger demotes franz-go's info logs to debug: every Kafka
+// transaction begins, flushes and ends with some.
+type kafkaLogger struct{ kgo.Logger }
+
+func (l kafkaLogger) Level() kgo.LogLevel {
+	if lv := l.Logger.Level(); lv != kgo.LogLevelInfo {
+		return lv
+	}
+	return kgo.LogLevelWarn
 }
 
 // hardContext is cancelled d after parent is done: the graceful stop's
@@ -191,10 +303,20 @@ func hardContext(parent context.Context, d time.Duration) (context.Context, cont
 	return ctx, func() { stop(); cancel() }
 }
 
-// session is one connection to PostgreSQL: prepare the slot, snapshot if
-// needed, stream. It returns nil on a graceful stop.
-func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool) error {
-	conn, err := pgx.Connect(ctx, r.cfg.PGDSN)
+// session is one connection to PostgreSQL and one Kafka client during term
+// l: fence the previous leader, prepare the slot, snapshot if needed,
+// stream. It returns nil on a graceful stop (ctx done), and an error
+// wrapping lease.ErrLost when the term ended: then it stopped at once,
+// publishing nothing more and confirming nothing more.
+func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) error {
+	t := l.term
+	tctx := t.Context()
+	// Until streaming starts, every blocking step ends with ctx or the term.
+	setupCtx, cancelSetup := context.WithCancel(ctx)
+	defer cancelSetup()
+	defer context.AfterFunc(tctx, cancelSetup)()
+
+	conn, err := pgx.Connect(setupCtx, r.cfg.PGDSN)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
@@ -204,48 +326,99 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 		return &wal.FatalError{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
 	}
 	rcfg.RuntimeParams["replication"] = "database"
-	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
+	var versionNum int
+	var senderTimeout int64
+	if err := conn.QueryRow(setupCtx, querySettings).Scan(&versionNum, &senderTimeout); err != nil {
+		return fmt.Errorf("read server settings: %w", err)
+	}
+	// A frozen leader keeps its session, and its walsender keeps the slot
+	// until wal_sender_timeout (60 s by default). Capped at the lease TTL on
+	// this connection, it lets go about when a standby may take over, even
+	// where the new leader may not terminate it.
+	if ttl := r.cfg.LeaseTTL.Milliseconds(); senderTimeout == 0 || senderTimeout > ttl {
+		rcfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(ttl, 10)
+	}
+	rconn, err := pgconn.ConnectConfig(setupCtx, rcfg)
 	if err != nil {
 		return fmt.Errorf("open replication connection: %w", err)
 	}
 	defer rconn.Close(context.WithoutCancel(ctx))
 
-	var versionNum int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&versionNum); err != nil {
-		return fmt.Errorf("read server version: %w", err)
-	}
-	created, err := wal.EnsurePublication(ctx, conn, r.cfg.Publication, r.schema, r.table)
+	created, err := wal.EnsurePublication(setupCtx, conn, r.cfg.Publication, r.schema, r.table)
 	if err != nil {
 		return err
 	}
 	if created {
 		r.log.Info("created publication", "publication", r.cfg.Publication, "table", r.schema+"."+r.table)
 	}
-	if err := wal.EnsureStateTable(ctx, conn); err != nil {
+	if err := wal.EnsureStateTable(setupCtx, conn); err != nil {
 		return err
 	}
-	sys, err := pglogrepl.IdentifySystem(ctx, rconn)
+	sys, err := pglogrepl.IdentifySystem(setupCtx, rconn)
 	if err != nil {
 		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
 	}
 	db := conn.Config().Database
 
+	// One transactional id per slot: the same for every instance that may
+	// stream it, different for any other slot, database or cluster sharing
+	// the Kafka cluster. Kafka ACLs can grant it by the prefix
+	// "outbox-connector-".
+	txnID := fmt.Sprintf("outbox-connector-%s-%s-%s", sys.SystemID, db, r.cfg.Slot)
+	kcl, err := r.newKafkaClient(txnID)
+	if err != nil {
+		return err
+	}
+	defer kcl.Close()
+	if r.cfg.Transactional {
+		// Fence the previous leader at the broker before reading anything:
+		// InitProducerID bumps the epoch of the slot's transactional id,
+		// which aborts its open transaction and refuses its produce
+		// requests and commits from now on.
+		id, epoch, err := kcl.ProducerID(setupCtx)
+		if err != nil {
+			if tctx.Err() != nil {
+				return t.Err()
+			}
+			if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+				return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", txnID), Err: err}
+			}
+			return fmt.Errorf("initialise the Kafka transactional producer %q: %w", txnID, err)
+		}
+		r.log.Info("Kafka producer initialised; earlier producers of the slot are fenced", "transactional_id", txnID, "producer_id", id, "epoch", epoch, "token", t.Token)
+	}
+	if err := r.freeSlot(setupCtx, conn, rconn.PID()); err != nil {
+		if tctx.Err() != nil {
+			return t.Err()
+		}
+		return err
+	}
+	l.established.Store(true)
+
 	tr := tracker.New(0)
 	events := make(chan wal.Event, 256)
-	prod := publish.New(r.producerConfig(), kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
+	prod := publish.New(r.producerConfig(l), kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
 
-	start, st, snapshot, err := r.prepareSlot(ctx, conn, rconn, sys.SystemID, db)
+	start, st, snapshot, err := r.prepareSlot(setupCtx, t, conn, rconn, sys.SystemID, db)
 	if err != nil {
+		if tctx.Err() != nil {
+			return t.Err()
+		}
 		return err
 	}
 	tr = tracker.New(start)
 	r.cur.Store(tr)
 	r.lastAck.Store(time.Now().UnixNano())
 
+	// streamCtx ends reading: at shutdown (soft), or with the term (hard,
+	// with Abort). hardCtx ends the producer: ShutdownTimeout after the
+	// shutdown began, or at once with the term.
 	streamCtx, cancelStream := context.WithCancel(ctx)
 	defer cancelStream()
+	defer context.AfterFunc(tctx, cancelStream)()
 	hardCtx, cancelHard := hardContext(ctx, r.cfg.ShutdownTimeout)
 	defer cancelHard()
+	defer context.AfterFunc(tctx, cancelHard)()
 
 	var prodErr error
 	prodDone := make(chan struct{})
@@ -254,7 +427,7 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 		prodErr = prod.Run(hardCtx, events, cancelStream)
 	}()
 
-	sw := &stateWriter{conn: conn, st: st, tracker: tr, log: r.log, onAck: func(lsn uint64) {
+	sw := &stateWriter{conn: conn, st: st, tracker: tr, term: t, log: r.log, onAck: func(lsn uint64) {
 		r.confirmed.Store(lsn)
 		r.lastAck.Store(time.Now().UnixNano())
 	}}
@@ -269,7 +442,7 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 			// this point takes the snapshot again at the next start.
 			st.SnapshotDone = true
 			sw.st.SnapshotDone = true
-			streamErr = wal.SaveState(streamCtx, conn, st)
+			streamErr = lost(wal.SaveState(streamCtx, conn, st, wal.Fence{Token: t.Token}))
 		}
 		snapshot.close(ctx)
 	}
@@ -287,6 +460,7 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 			Conn: rconn, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Schema: r.schema, Table: r.table,
 			Messages: versionNum >= 140000, Tracker: tr, Out: events, StatusInterval: r.cfg.StatusInterval,
 			StopGrace:   r.cfg.ShutdownTimeout / 2,
+			Abort:       tctx,
 			Log:         r.log.With("component", "stream", "slot", r.cfg.Slot),
 			Confirmable: func() uint64 { return min(tr.Acked(), sw.durable.Load()) },
 			Counters: wal.Counters{
@@ -296,10 +470,10 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 			},
 		}
 		r.streaming.Store(true)
-		r.log.Info("streaming", "slot", r.cfg.Slot, "publication", r.cfg.Publication, "lsn", wal.FormatLSN(start))
+		r.log.Info("streaming", "slot", r.cfg.Slot, "publication", r.cfg.Publication, "lsn", wal.FormatLSN(start), "token", t.Token)
 		streamErr = s.Run(streamCtx, start)
 		r.streaming.Store(false)
-		if streamErr == nil && ctx.Err() != nil {
+		if streamErr == nil && ctx.Err() != nil && tctx.Err() == nil {
 			// Graceful stop: stop reading (done), wait for Kafka, record and
 			// confirm the last acked position, end the stream cleanly. The
 			// state writer stops first so that Finish owns the last write.
@@ -312,7 +486,7 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 				return sw.durable.Load()
 			})
 			if streamErr == nil {
-				r.log.Info("stopped; final position confirmed", "slot", r.cfg.Slot, "lsn", wal.FormatLSN(s.SentFlush()))
+				r.log.Info("stopped; final position confirmed", "slot", r.cfg.Slot, "lsn", wal.FormatLSN(s.SentFlush()), "token", t.Token)
 			}
 		}
 	} else {
@@ -323,6 +497,10 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 	<-prodDone
 	<-swDone
 	tr.Reset()
+	if tctx.Err() != nil {
+		// The term ended: whatever failed on the way out, the cause is that.
+		return t.Err()
+	}
 	if prodErr != nil && !errors.Is(prodErr, context.Canceled) {
 		return prodErr
 	}
@@ -335,12 +513,75 @@ func (r *Relay) session(ctx context.Context, kcl *kgo.Client, pool *pgxpool.Pool
 	return nil
 }
 
-func (r *Relay) producerConfig() publish.Config {
+// querySettings reads what the session needs to know of the server;
+// wal_sender_timeout in milliseconds (0: disabled).
+const querySettings = `
+SELECT current_setting('server_version_num')::int,
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout')`
+
+const querySlotWalsender = `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`
+
+// freeSlot makes sure no other walsender holds the slot (the previous
+// leader's, killed or frozen; or this instance's own from a broken
+// connection) before the replication connection (pid own) starts streaming:
+// it terminates it, which a role may do to its own sessions (another role's
+// need pg_signal_backend), and waits until it has exited. Where it may not,
+// it waits for the walsender to time out.
+func (r *Relay) freeSlot(ctx context.Context, conn *pgx.Conn, own uint32) error {
+	var lastKill time.Time
+	warned := false
+	for {
+		var pid int32
+		err := conn.QueryRow(ctx, querySlotWalsender, r.cfg.Slot).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) || err == nil && (pid == 0 || uint32(pid) == own) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("look up the walsender of slot %q: %w", r.cfg.Slot, err)
+		}
+		if time.Since(lastKill) > time.Second {
+			lastKill = time.Now()
+			var ok bool
+			err := conn.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok)
+			var pgErr *pgconn.PgError
+			switch {
+			case err == nil:
+				r.log.Info("terminated the walsender still holding the slot (a previous leader's)", "slot", r.cfg.Slot, "pid", pid)
+			case errors.As(err, &pgErr) && pgErr.Code == "42501":
+				if !warned {
+					warned = true
+					r.log.Warn("the walsender of a previous leader still holds the slot and this role may not terminate it (run every instance as the same role, or GRANT pg_signal_backend TO the connector's role); waiting until it times out (wal_sender_timeout)",
+						"slot", r.cfg.Slot, "pid", pid, "err", err)
+				}
+			default:
+				return fmt.Errorf("terminate the walsender holding slot %q: %w", r.cfg.Slot, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// lost marks a state write refused by its fence (wal.ErrFenced: another
+// instance holds the lease now) as the loss of the lease.
+func lost(err error) error {
+	if errors.Is(err, wal.ErrFenced) {
+		return fmt.Errorf("%w: %w", lease.ErrLost, err)
+	}
+	return err
+}
+
+func (r *Relay) producerConfig(l *leadership) publish.Config {
 	cfgs, _ := config.ParseTopicConfigs(r.cfg.TopicConfigs)
 	return publish.Config{
 		DLQTopic: r.cfg.DLQTopic, MaxMessageBytes: r.cfg.MaxMessageBytes, TopicCreate: r.cfg.TopicCreate,
 		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
-		TopicConfigs: cfgs, Headers: r.headers, Published: &r.published,
+		TopicConfigs: cfgs, Headers: func() []kgo.RecordHeader { return l.headers }, Published: &r.published,
+		Transactional: r.cfg.Transactional, TxnInterval: r.cfg.TxnInterval, TxnMaxRecords: r.cfg.MaxInFlight,
+		Poison: &r.poison, Valid: l.term.Valid,
 	}
 }
 
@@ -368,6 +609,7 @@ type stateWriter struct {
 	conn    *pgx.Conn
 	st      wal.State
 	tracker *tracker.Tracker
+	term    *lease.Term // every write is fenced with its token (wal.Fence)
 	log     *slog.Logger
 	onAck   func(uint64)
 	durable atomic.Uint64 // the recorded promise
@@ -408,7 +650,7 @@ func (w *stateWriter) write(ctx context.Context, target uint64, final bool) erro
 	st := w.st
 	if final {
 		st.Confirmed = target
-		if err := wal.SetStateExact(ctx, w.conn, st); err != nil {
+		if err := lost(wal.SetStateExact(ctx, w.conn, st, wal.Fence{Token: w.term.Token})); err != nil {
 			return err
 		}
 		w.durable.Store(target)
@@ -420,7 +662,7 @@ func (w *stateWriter) write(ctx context.Context, target uint64, final bool) erro
 		return nil
 	}
 	st.Confirmed = target + promiseHeadroom
-	if err := wal.SaveState(ctx, w.conn, st); err != nil {
+	if err := lost(wal.SaveState(ctx, w.conn, st, wal.Fence{Token: w.term.Token})); err != nil {
 		return err
 	}
 	w.durable.Store(st.Confirmed)
@@ -431,7 +673,10 @@ func (w *stateWriter) write(ctx context.Context, target uint64, final bool) erro
 // prepareSlot creates or adopts the slot and checks it against the state
 // row. It returns the position to stream from, the state, and an open
 // snapshot to publish first when one is due.
-func (r *Relay) prepareSlot(ctx context.Context, conn *pgx.Conn, rconn *pgconn.PgConn, systemID, db string) (uint64, wal.State, *snapshot, error) {
+func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, rconn *pgconn.PgConn, systemID, db string) (uint64, wal.State, *snapshot, error) {
+	save := func(f func(context.Context, wal.Execer, wal.State, wal.Fence) error, st wal.State) error {
+		return lost(f(ctx, conn, st, wal.Fence{Token: t.Token}))
+	}
 	slot := r.cfg.Slot
 	info, exists, err := wal.GetSlot(ctx, conn, slot)
 	if err != nil {
@@ -462,7 +707,7 @@ func (r *Relay) prepareSlot(ctx context.Context, conn *pgx.Conn, rconn *pgconn.P
 				return 0, st, nil, err
 			}
 		}
-		if err := wal.ResetState(ctx, conn, st); err != nil {
+		if err := save(wal.ResetState, st); err != nil {
 			if snap != nil {
 				snap.close(ctx)
 			}
@@ -475,7 +720,7 @@ func (r *Relay) prepareSlot(ctx context.Context, conn *pgx.Conn, rconn *pgconn.P
 	}
 	if !hasState {
 		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, SnapshotDone: true}
-		if err := wal.SaveState(ctx, conn, st); err != nil {
+		if err := save(wal.SaveState, st); err != nil {
 			return 0, st, nil, err
 		}
 		r.log.Info("adopted existing replication slot as it is (no snapshot)", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush))
@@ -488,7 +733,7 @@ func (r *Relay) prepareSlot(ctx context.Context, conn *pgx.Conn, rconn *pgconn.P
 		r.log.Warn("OUTBOX_ACCEPT_SLOT_RESET=true: continuing from the slot's position although events may have been skipped", "slot", slot, "err", err)
 		st.SystemID = systemID
 		st.Confirmed = info.ConfirmedFlush
-		if err := wal.ResetState(ctx, conn, st); err != nil {
+		if err := save(wal.ResetState, st); err != nil {
 			return 0, st, nil, err
 		}
 	}

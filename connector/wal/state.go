@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // State is the connector's promise about its slot, kept in
@@ -55,11 +56,76 @@ ON CONFLICT (slot_name) DO UPDATE SET
     snapshot_done = EXCLUDED.snapshot_done,
     updated_at = now()`
 
+// Fence makes a state write conditional on the leader lease of the state's
+// slot (public.outbox_lease): the write happens only while the lease's token
+// is Token. The check locks the lease row (FOR SHARE) within the write's own
+// statement, so a takeover, which updates the row, comes entirely before or
+// entirely after the write; and since it is one statement, no client round
+// trip (a frozen process) ever holds that lock. The zero Fence writes
+// unconditionally.
+type Fence struct {
+	Token int64
+}
+
+// ErrFenced is returned by a fenced write when the lease's token is no longer
+// the fence's: another instance took over, and the write did not happen.
+var ErrFenced = errors.New("the leader lease's token is no longer current; the state was not written")
+
+// fenceCTE selects one row while the lease of slot $1 has token $5.
+const fenceCTE = `
+WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $5::bigint FOR SHARE)`
+
+const upsertStateFenced = fenceCTE + `
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, now() FROM fence
+ON CONFLICT (slot_name) DO UPDATE SET
+    system_identifier = EXCLUDED.system_identifier,
+    confirmed_lsn = GREATEST(outbox_connector_state.confirmed_lsn, EXCLUDED.confirmed_lsn),
+    snapshot_done = outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done,
+    updated_at = now()`
+
+const resetStateFenced = fenceCTE + `
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, now() FROM fence
+ON CONFLICT (slot_name) DO UPDATE SET
+    system_identifier = EXCLUDED.system_identifier,
+    confirmed_lsn = EXCLUDED.confirmed_lsn,
+    snapshot_done = EXCLUDED.snapshot_done,
+    updated_at = now()`
+
+const setStateExact = `UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn, updated_at = now() WHERE slot_name = $1`
+
+const setStateExactFenced = `
+UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn, updated_at = now()
+WHERE slot_name = $1 AND EXISTS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $3::bigint FOR SHARE)`
+
+// Execer runs a statement (a *pgx.Conn, a pgx.Tx).
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// write runs a state write, fenced when f is set (the token is the fenced
+// statement's last parameter): a fenced write that changed no row found
+// another token in the lease.
+func write(ctx context.Context, conn Execer, f Fence, plain, fenced string, args ...any) error {
+	if f.Token == 0 {
+		_, err := conn.Exec(ctx, plain, args...)
+		return err
+	}
+	tag, err := conn.Exec(ctx, fenced, append(args, f.Token)...)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrFenced
+	}
+	return nil
+}
+
 // SetStateExact records exactly st.Confirmed, which may be below the recorded
 // promise: at a graceful stop the promise shrinks to what was confirmed.
-func SetStateExact(ctx context.Context, conn *pgx.Conn, st State) error {
-	const q = `UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn, updated_at = now() WHERE slot_name = $1`
-	if _, err := conn.Exec(ctx, q, st.Slot, FormatLSN(st.Confirmed)); err != nil {
+func SetStateExact(ctx context.Context, conn Execer, st State, f Fence) error {
+	if err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, FormatLSN(st.Confirmed)); err != nil {
 		return fmt.Errorf("record final position %s for slot %q: %w", FormatLSN(st.Confirmed), st.Slot, err)
 	}
 	return nil
@@ -101,16 +167,16 @@ func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, e
 }
 
 // SaveState writes st, never moving the confirmed position backwards.
-func SaveState(ctx context.Context, conn *pgx.Conn, st State) error {
-	if _, err := conn.Exec(ctx, upsertState, st.Slot, st.SystemID, FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
+func SaveState(ctx context.Context, conn Execer, st State, f Fence) error {
+	if err := write(ctx, conn, f, upsertState, upsertStateFenced, st.Slot, st.SystemID, FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
 		return fmt.Errorf("save connector state for slot %q at %s: %w", st.Slot, FormatLSN(st.Confirmed), err)
 	}
 	return nil
 }
 
 // ResetState overwrites the state row (accepted slot reset, new slot).
-func ResetState(ctx context.Context, conn *pgx.Conn, st State) error {
-	if _, err := conn.Exec(ctx, resetState, st.Slot, st.SystemID, FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
+func ResetState(ctx context.Context, conn Execer, st State, f Fence) error {
+	if err := write(ctx, conn, f, resetState, resetStateFenced, st.Slot, st.SystemID, FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
 		return fmt.Errorf("reset connector state for slot %q: %w", st.Slot, err)
 	}
 	return nil

@@ -57,8 +57,11 @@ type Stream struct {
 	// StopGrace is how long a soft stop waits for the transaction being
 	// read to end before abandoning it.
 	StopGrace time.Duration
-	Log       *slog.Logger
-	Counters  Counters
+	// Abort, when done, stops Run at once, without the grace: the leader
+	// lost its lease and must publish nothing more.
+	Abort    context.Context
+	Log      *slog.Logger
+	Counters Counters
 
 	rels          map[uint32]*relation
 	cols          []TupleColumn
@@ -106,8 +109,17 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 		_ = s.Conn.Conn().SetReadDeadline(time.Now())
 	})
 	defer stop()
+	if s.Abort != nil {
+		defer context.AfterFunc(s.Abort, func() {
+			cancelEmit()
+			_ = s.Conn.Conn().SetReadDeadline(time.Now())
+		})()
+	}
 	for {
 		deadline := s.nextStatus
+		if s.Abort != nil && s.Abort.Err() != nil {
+			return nil
+		}
 		if ctx.Err() != nil {
 			if s.txn == nil {
 				return nil

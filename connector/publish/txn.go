@@ -1,0 +1,337 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/connector/lease"
+	"github.com/pgoutbox/pgoutbox/connector/wal"
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+)
+
+// Transactional mode. Every record goes into a Kafka transaction of the
+// slot's one transactional id; a record is done for the tracker (rule 1's
+// "acked") only when its transaction committed. A new leader's
+// InitProducerID bumps the id's epoch: from then on the old leader's
+// produce requests and commits fail with PRODUCER_FENCED or
+// INVALID_PRODUCER_EPOCH, and its open transaction is aborted, so a resumed
+// zombie publishes nothing after the new leader started.
+//
+// Committing stops the pipeline: franz-go must not produce while ending a
+// transaction (KIP-890), so each commit costs one flush (the acks of the
+// transaction's last records) and one EndTxn round trip. When to commit
+// trades latency against that stall:
+//   - at once when the stream has nothing more to hand over, under light
+//     load: latency is one commit;
+//   - under load (the stream's channel at least half full when the last
+//     commit ended), not before the transaction is four times as old as
+//     that commit took: at most a fifth of the time goes to committing,
+//     whatever the commit costs;
+//   - always at TxnInterval after the transaction's first record, or once it
+//     holds TxnMaxRecords records (bounded memory: the records are kept
+//     until their transaction commits).
+//
+// A PostgreSQL transaction may span several Kafka transactions: the tracker
+// confirms its end only once all are committed.
+
+// ErrFenced is returned when this producer may no longer publish: Kafka
+// fenced its transactional id (a newer leader initialised it), or the
+// lease's deadline passed. It wraps lease.ErrLost.
+var ErrFenced = fmt.Errorf("this instance may no longer publish: %w", lease.ErrLost)
+
+// isFenced reports Kafka's answers to a producer whose epoch is not the
+// newest: another producer initialised the same transactional id.
+func isFenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
+}
+
+// Poison remembers records Kafka refused on their own account inside a
+// transaction (the broker's size limit below ours, say). Such a record
+// aborts its whole transaction; the session then restarts from the
+// confirmed position, and when the record is read again it goes to the dead
+// letters instead of into a transaction. It outlives sessions; safe for
+// concurrent use.
+type Poison struct {
+	mu sync.Mutex
+	m  map[string]error
+}
+
+// maxPoison bounds the memory: poison is rare, and forgetting an entry only
+// costs one more aborted transaction.
+const maxPoison = 10000
+
+func (ps *Poison) add(key string, err error) {
+	if ps == nil {
+		return
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.m == nil || len(ps.m) >= maxPoison {
+		ps.m = map[string]error{}
+	}
+	ps.m[key] = err
+}
+
+func (ps *Poison) get(key string) error {
+	if ps == nil {
+		return nil
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.m[key]
+}
+
+// poisonKey identifies a record across sessions: its topic, the WAL
+// position of its row and its event id.
+func poisonKey(topic string, row *route.Row) string {
+	id := ""
+	if c := row.Lookup("id"); c != nil {
+		id = string(c.Value)
+	}
+	return topic + "\x00" + strconv.FormatUint(row.Source.LSN, 10) + "\x00" + id
+}
+
+type txnRec struct {
+	ev       wal.Event
+	topic    string
+	intended string // for a DLQ record, the topic the event was meant for
+	dlq      bool
+	size     int
+	err      error // set by the promise, under Producer.mu
+}
+
+type txnState struct {
+	open    bool
+	started time.Time
+	recs    []*txnRec
+	timer   *time.Timer
+	// linger is the age before which a transaction commits only at
+	// TxnMaxRecords: zero under light load, four times the last commit's
+	// duration under load.
+	linger     time.Duration
+	lastCommit time.Duration
+}
+
+// valid reports whether this instance may still publish.
+func (p *Producer) valid() bool { return p.cfg.Valid == nil || p.cfg.Valid() }
+
+// runTxn is Run in transactional mode.
+func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func()) error {
+	p.txn.timer = time.NewTimer(time.Hour)
+	p.txn.timer.Stop()
+	defer p.txn.timer.Stop()
+	fail := func(err error) error {
+		onFatal()
+		p.abort()
+		return err
+	}
+	for {
+		var due <-chan time.Time
+		if p.txn.open {
+			due = p.txn.timer.C
+		}
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				if err := p.commit(ctx); err != nil {
+					return fail(err)
+				}
+				return nil
+			}
+			if err := p.handle(ctx, ev); err != nil {
+				return fail(err)
+			}
+			if p.txn.open && (len(p.txn.recs) >= p.cfg.TxnMaxRecords || len(in) == 0 && time.Since(p.txn.started) >= p.txn.linger) {
+				if err := p.commit(ctx); err != nil {
+					return fail(err)
+				}
+				p.adapt(in)
+			}
+		case <-due:
+			if err := p.commit(ctx); err != nil {
+				return fail(err)
+			}
+			p.adapt(in)
+		case <-ctx.Done():
+			// The lease is lost (or the graceful stop ran out of time):
+			// publish nothing more; abort what is open.
+			p.abort()
+			return ctx.Err()
+		}
+	}
+}
+
+// sendTxn produces rec in the open transaction (opening one if needed).
+// intended is the topic a DLQ record's event was meant for.
+func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, rec *kgo.Record, intended string, dlq bool) error {
+	if !p.valid() {
+		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
+	}
+	size := recordSize(rec)
+	if cause := p.cfg.Poison.get(poisonKey(rec.Topic, ev.Row)); cause != nil {
+		if !dlq && errors.Is(cause, kerr.InvalidTopicException) {
+			return p.deadLetter(ctx, ev, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: cause})
+		}
+		if !dlq {
+			intended = rec.Topic
+		}
+		return p.deadLetterTable(ctx, ev, intended, &route.Error{Class: route.ClassTooLarge, Msg: "Kafka rejected the record", Err: cause})
+	}
+	if !p.txn.open {
+		if err := p.client.BeginTransaction(); err != nil {
+			if isFenced(err) {
+				return fmt.Errorf("%w: begin a Kafka transaction: %w", ErrFenced, err)
+			}
+			return fmt.Errorf("begin a Kafka transaction: %w", err)
+		}
+		p.txn.open = true
+		p.txn.started = time.Now()
+		if p.txn.linger > 0 {
+			p.txn.timer.Reset(p.txn.linger)
+		} else {
+			p.txn.timer.Reset(p.cfg.TxnInterval)
+		}
+	}
+	tr := &txnRec{ev: ev, topic: rec.Topic, intended: intended, dlq: dlq, size: size}
+	p.txn.recs = append(p.txn.recs, tr)
+	p.client.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+		if err != nil {
+			p.mu.Lock()
+			tr.err = err
+			p.mu.Unlock()
+		}
+	})
+	return nil
+}
+
+// adapt sets the next transaction's linger from the commit that just
+// ended: events that piled up during it mean load. An event or two is a
+// trickle, for which committing at once is cheapest in latency.
+func (p *Producer) adapt(in <-chan wal.Event) {
+	if len(in) < max(cap(in)/2, 1) {
+		p.txn.linger = 0
+		return
+	}
+	p.txn.linger = min(4*p.txn.lastCommit, p.cfg.TxnInterval)
+}
+
+// commit flushes the open transaction and commits it, then marks its
+// records done. Any failure leaves them undone: the session ends, and the
+// next one (a new producer epoch, which aborts this transaction) reads them
+// again from the confirmed position.
+func (p *Producer) commit(ctx context.Context) error {
+	if !p.txn.open {
+		return nil
+	}
+	start := time.Now()
+	p.txn.timer.Stop()
+	if err := p.client.Flush(ctx); err != nil {
+		return fmt.Errorf("flush the Kafka transaction: %w", err)
+	}
+	if err := p.recordErrors(); err != nil {
+		return err
+	}
+	// Checked after the flush, right before the commit: a leader past its
+	// deadline (a process resumed after a freeze) commits nothing. Kafka's
+	// fencing covers the rest of the way.
+	if !p.valid() {
+		return fmt.Errorf("%w: the leader lease's deadline passed before the Kafka transaction committed; aborting it", ErrFenced)
+	}
+	err := p.client.EndTransaction(ctx, kgo.TryCommit)
+	p.txn.open = false
+	if err != nil {
+		if isFenced(err) {
+			return fmt.Errorf("%w: commit the Kafka transaction: %w", ErrFenced, err)
+		}
+		if isFatalKafka(err) {
+			return &wal.FatalError{Msg: "Kafka refused the transaction; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", Err: err}
+		}
+		return fmt.Errorf("commit the Kafka transaction: %w", err)
+	}
+	p.txn.lastCommit = time.Since(start)
+	p.metrics.KafkaTxns.WithLabelValues("commit").Inc()
+	p.metrics.KafkaTxnCommit.Observe(p.txn.lastCommit.Seconds())
+	for i, r := range p.txn.recs {
+		if !r.dlq {
+			p.published(r.topic).Inc()
+			if p.cfg.Published != nil {
+				p.cfg.Published.Add(1)
+			}
+			if ct := r.ev.Row.Source.CommitTime; !ct.IsZero() {
+				p.metrics.CommitToAck.Observe(time.Since(ct).Seconds())
+			}
+		}
+		r.ev.Txn.Done()
+		p.txn.recs[i] = nil
+	}
+	p.txn.recs = p.txn.recs[:0]
+	return nil
+}
+
+// recordErrors examines the records of the flushed transaction. A record at
+// fault is remembered as poison, so that it goes to the dead letters when
+// read again; any failure aborts the transaction.
+func (p *Producer) recordErrors() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var first error
+	var largest *txnRec
+	for _, r := range p.txn.recs {
+		err := r.err
+		switch {
+		case err == nil:
+			continue
+		case isFenced(err):
+			return fmt.Errorf("%w: produce in the Kafka transaction: %w", ErrFenced, err)
+		case isFatalKafka(err):
+			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics and the transactional id)", r.topic), Err: err}
+		case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord):
+			p.cfg.Poison.add(poisonKey(r.topic, r.ev.Row), err)
+		case isRecordFault(err):
+			// Too large for the broker (its limit is below ours): the
+			// large records of the batch are at fault, not their neighbours.
+			if r.size > p.cfg.MaxMessageBytes/2 {
+				p.cfg.Poison.add(poisonKey(r.topic, r.ev.Row), err)
+			}
+			if largest == nil || r.size > largest.size {
+				largest = r
+			}
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if largest != nil && largest.size <= p.cfg.MaxMessageBytes/2 {
+		p.cfg.Poison.add(poisonKey(largest.topic, largest.ev.Row), largest.err)
+	}
+	if first != nil {
+		p.log.Warn("a record of the Kafka transaction failed; aborting it and reading again from the confirmed position (records Kafka refused go to the dead letters)", "err", first)
+		return fmt.Errorf("produce in the Kafka transaction: %w", first)
+	}
+	return nil
+}
+
+// abort ends the open transaction without committing, promptly, so that
+// read_committed consumers are not held back until a new epoch aborts it.
+// Errors do not matter: the session ends, and the next epoch aborts
+// whatever is left.
+func (p *Producer) abort() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = p.client.AbortBufferedRecords(ctx)
+	if len(p.txn.recs) > 0 || p.txn.open {
+		if err := p.client.EndTransaction(ctx, kgo.TryAbort); err == nil {
+			p.metrics.KafkaTxns.WithLabelValues("abort").Inc()
+		}
+	}
+	p.txn.open = false
+	clear(p.txn.recs)
+	p.txn.recs = p.txn.recs[:0]
+}
