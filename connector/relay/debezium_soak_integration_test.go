@@ -293,4 +293,3 @@ func tailBytes(b []byte) string {
 	}
 	return string(b)
 }
-
