@@ -87,9 +87,20 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 	if s.Messages {
 		args = append(args, "messages 'true'")
 	}
-	if err := pglogrepl.StartReplication(ctx, s.Conn, s.Slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
+	// START_REPLICATION is not interrupted by a soft stop: a stop that
+	// arrives while it runs is handled by the loop below, once the copy
+	// stream is open, so that Finish can end it cleanly. It is bounded on
+	// its own (and by an abort).
+	startCtx, cancelStart := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	if s.Abort != nil {
+		stopStart := context.AfterFunc(s.Abort, cancelStart)
+		defer stopStart()
+	}
+	err := pglogrepl.StartReplication(startCtx, s.Conn, s.Slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication, PluginArgs: args,
-	}); err != nil {
+	})
+	cancelStart()
+	if err != nil {
 		return classifyStart(s.Slot, s.Publication, err)
 	}
 	s.rels = make(map[uint32]*relation)
