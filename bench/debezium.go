@@ -8,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -35,9 +33,9 @@ type debezium struct {
 const debeziumMinJava = 21
 
 func (d *debezium) install(ctx context.Context) {
-	java, ver, err := findJava(d.java, debeziumMinJava)
+	java, ver, err := testenv.FindJava(d.java, debeziumMinJava)
 	if err != nil {
-		d.err = err
+		d.err = fmt.Errorf("%w, or set BENCH_DEBEZIUM_JAVA", err)
 		return
 	}
 	d.java, d.javaVer = java, ver
@@ -67,46 +65,6 @@ func (d *debezium) status() DebeziumStatus {
 		s.Error = d.err.Error()
 	}
 	return s
-}
-
-// findJava returns java (or, when empty, the newest JDK under /usr/lib/jvm
-// or on PATH) if it is at least version min.
-func findJava(java string, min int) (string, string, error) {
-	var candidates []string
-	if java != "" {
-		candidates = []string{java}
-	} else {
-		found, _ := filepath.Glob("/usr/lib/jvm/*/bin/java")
-		candidates = append(found, "java")
-	}
-	type jv struct {
-		path string
-		ver  string
-		n    int
-	}
-	var ok []jv
-	var seen []string
-	for _, c := range candidates {
-		out, err := exec.Command(c, "-version").CombinedOutput()
-		if err != nil {
-			continue
-		}
-		m := regexp.MustCompile(`version "(\d+)(\.[^"]*)?"`).FindSubmatch(out)
-		if m == nil {
-			continue
-		}
-		n, _ := strconv.Atoi(string(m[1]))
-		line := strings.SplitN(string(out), "\n", 2)[0]
-		seen = append(seen, fmt.Sprintf("%s (%s)", c, line))
-		if n >= min {
-			ok = append(ok, jv{c, strings.TrimSpace(line), n})
-		}
-	}
-	if len(ok) == 0 {
-		return "", "", fmt.Errorf("Debezium Server needs Java %d or newer; found only %v; install one (e.g. a Temurin JDK under /usr/lib/jvm) or set BENCH_DEBEZIUM_JAVA", min, seen)
-	}
-	sort.Slice(ok, func(i, j int) bool { return ok[i].n > ok[j].n })
-	return ok[0].path, ok[0].ver, nil
 }
 
 // debeziumProps is the application.properties of one Debezium Server run.

@@ -6,8 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -68,7 +66,10 @@ func TestDebeziumServerCutover(t *testing.T) {
 		t.Fatalf("install Debezium Server: %v", err)
 	}
 	home := strings.TrimSpace(string(out))
-	java := newestJava(t, 21)
+	java, _, err := testenv.FindJava("", 21)
+	if err != nil {
+		t.Fatal(err)
+	}
 	pg := testenv.StartPostgres(t, testenv.PGOptions{})
 	brokers := testenv.SharedKafka(t)
 	ctx := context.Background()
@@ -251,33 +252,6 @@ func waitIDs(t *testing.T, c *testenv.Consumer, want []testenv.Event, timeout ti
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-func newestJava(t *testing.T, min int) string {
-	t.Helper()
-	cands, _ := filepath.Glob("/usr/lib/jvm/*/bin/java")
-	type jv struct {
-		path string
-		n    int
-	}
-	var ok []jv
-	re := regexp.MustCompile(`version "(\d+)`)
-	for _, c := range cands {
-		out, err := exec.Command(c, "-version").CombinedOutput()
-		if err != nil {
-			continue
-		}
-		if m := re.FindSubmatch(out); m != nil {
-			if n, _ := strconv.Atoi(string(m[1])); n >= min {
-				ok = append(ok, jv{c, n})
-			}
-		}
-	}
-	if len(ok) == 0 {
-		t.Fatalf("Debezium Server needs Java %d or newer under /usr/lib/jvm", min)
-	}
-	sort.Slice(ok, func(i, j int) bool { return ok[i].n > ok[j].n })
-	return ok[0].path
 }
 
 func parseLSN(s string) uint64 {
