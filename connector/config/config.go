@@ -69,7 +69,9 @@ type Config struct {
 	// Compression is the producer codec: none, gzip, snappy, lz4, zstd
 	// (OUTBOX_KAFKA_COMPRESSION, default lz4).
 	Compression string
-	// Linger is how long the producer waits to fill a batch (OUTBOX_KAFKA_LINGER, default 0).
+	// Linger is how long the producer waits to fill a batch (OUTBOX_KAFKA_LINGER,
+	// default 1ms: fewer, larger produce requests cost the broker and the
+	// connector far less CPU per event, for about a millisecond of latency).
 	Linger time.Duration
 	// Transactional produces in Kafka transactions with one transactional id
 	// per slot, so that a new leader fences the previous one at the broker
@@ -119,7 +121,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.String(&c.LogFormat, "log-format", "OUTBOX_LOG_FORMAT", "text", "text or json")
 	c.Kafka.Bind(b, "outbox-connector")
 	b.String(&c.Compression, "kafka-compression", "OUTBOX_KAFKA_COMPRESSION", "lz4", "producer compression: none, gzip, snappy, lz4, zstd")
-	b.Duration(&c.Linger, "kafka-linger", "OUTBOX_KAFKA_LINGER", 0, "producer linger")
+	b.Duration(&c.Linger, "kafka-linger", "OUTBOX_KAFKA_LINGER", time.Millisecond, "how long the producer waits to fill a batch")
 	b.Bool(&c.Transactional, "kafka-transactional", "OUTBOX_KAFKA_TRANSACTIONAL", true, "produce in Kafka transactions so that a new leader fences the old one at the broker (false: idempotent producer)")
 	b.Duration(&c.TxnInterval, "kafka-txn-interval", "OUTBOX_KAFKA_TXN_INTERVAL", 100*time.Millisecond, "longest a Kafka transaction stays open")
 	b.Int(&c.MaxMessageBytes, "kafka-max-message-bytes", "OUTBOX_KAFKA_MAX_MESSAGE_BYTES", 1048576, "largest record; larger events go to the outbox_dead_letter table")

@@ -88,6 +88,9 @@ func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Poo
 	}
 }
 
+// minBufferedBytes is the least the producer buffers in bytes.
+const minBufferedBytes = 16 << 20
+
 // ClientOpts are the producer settings rule 1 and 3 need: idempotent, acks
 // from all in-sync replicas, retries without limit (unknown topics too),
 // bounded buffers so a slow Kafka blocks Produce instead of growing memory.
@@ -99,6 +102,9 @@ func ClientOpts(maxBuffered, maxMessageBytes int, compression string, linger tim
 	return []kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.MaxBufferedRecords(maxBuffered),
+		// Records are bounded in bytes too, so large payloads cannot grow
+		// the heap past a few batches' worth.
+		kgo.MaxBufferedBytes(max(minBufferedBytes, 4*maxMessageBytes)),
 		kgo.ProducerBatchMaxBytes(int32(maxMessageBytes)),
 		kgo.ProducerBatchCompression(codec),
 		kgo.ProducerLinger(linger),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -61,6 +62,7 @@ func isFenced(err error) bool {
 type Poison struct {
 	mu sync.Mutex
 	m  map[string]error
+	n  atomic.Int64 // len(m), read without the lock on every record
 }
 
 // maxPoison bounds the memory: poison is rare, and forgetting an entry only
@@ -77,12 +79,16 @@ func (ps *Poison) add(key string, err error) {
 		ps.m = map[string]error{}
 	}
 	ps.m[key] = err
+	ps.n.Store(int64(len(ps.m)))
 }
 
-func (ps *Poison) get(key string) error {
-	if ps == nil {
+// lookup returns why the record of row for topic is poison, if it is. The
+// key is built only when something is poison at all.
+func (ps *Poison) lookup(topic string, row *route.Row) error {
+	if ps == nil || ps.n.Load() == 0 {
 		return nil
 	}
+	key := poisonKey(topic, row)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	return ps.m[key]
@@ -100,17 +106,22 @@ func poisonKey(topic string, row *route.Row) string {
 
 type txnRec struct {
 	ev       wal.Event
+	rec      *kgo.Record // to match a failed promise to its entry
 	topic    string
 	intended string // for a DLQ record, the topic the event was meant for
 	dlq      bool
 	size     int
-	err      error // set by the promise, under Producer.mu
 }
 
 type txnState struct {
 	open    bool
 	started time.Time
-	recs    []*txnRec
+	recs    []txnRec
+	// failed holds the records whose promise reported an error, under
+	// Producer.mu. Every record shares one promise (txnPromise), so a
+	// record costs no closure: errors are rare and matched at the commit.
+	failed  map[*kgo.Record]error
+	promise func(*kgo.Record, error)
 	timer   *time.Timer
 	// linger is the age before which a transaction commits only at
 	// TxnMaxRecords: zero under light load, four times the last commit's
@@ -175,7 +186,7 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, rec *kgo.Record, i
 		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
 	}
 	size := recordSize(rec)
-	if cause := p.cfg.Poison.get(poisonKey(rec.Topic, ev.Row)); cause != nil {
+	if cause := p.cfg.Poison.lookup(rec.Topic, ev.Row); cause != nil {
 		if !dlq && errors.Is(cause, kerr.InvalidTopicException) {
 			return p.deadLetter(ctx, ev, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: cause})
 		}
@@ -199,23 +210,35 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, rec *kgo.Record, i
 			p.txn.timer.Reset(p.cfg.TxnInterval)
 		}
 	}
-	tr := &txnRec{ev: ev, topic: rec.Topic, intended: intended, dlq: dlq, size: size}
-	p.txn.recs = append(p.txn.recs, tr)
-	p.client.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-		if err != nil {
-			p.mu.Lock()
-			tr.err = err
-			p.mu.Unlock()
-		}
-	})
+	p.txn.recs = append(p.txn.recs, txnRec{ev: ev, rec: rec, topic: rec.Topic, intended: intended, dlq: dlq, size: size})
+	if p.txn.promise == nil {
+		p.txn.promise = p.txnPromise
+	}
+	p.client.Produce(ctx, rec, p.txn.promise)
 	return nil
 }
+
+// txnPromise is the promise of every record produced in a transaction.
+func (p *Producer) txnPromise(r *kgo.Record, err error) {
+	if err == nil {
+		return
+	}
+	p.mu.Lock()
+	if p.txn.failed == nil {
+		p.txn.failed = map[*kgo.Record]error{}
+	}
+	p.txn.failed[r] = err
+	p.mu.Unlock()
+}
+
+// loadMark is how many events waiting after a commit mean load.
+const loadMark = 128
 
 // adapt sets the next transaction's linger from the commit that just
 // ended: events that piled up during it mean load. An event or two is a
 // trickle, for which committing at once is cheapest in latency.
 func (p *Producer) adapt(in <-chan wal.Event) {
-	if len(in) < max(cap(in)/2, 1) {
+	if len(in) < max(min(cap(in)/2, loadMark), 1) {
 		p.txn.linger = 0
 		return
 	}
@@ -258,7 +281,8 @@ func (p *Producer) commit(ctx context.Context) error {
 	p.txn.lastCommit = time.Since(start)
 	p.metrics.KafkaTxns.WithLabelValues("commit").Inc()
 	p.metrics.KafkaTxnCommit.Observe(p.txn.lastCommit.Seconds())
-	for i, r := range p.txn.recs {
+	for i := range p.txn.recs {
+		r := &p.txn.recs[i]
 		if !r.dlq {
 			p.published(r.topic).Inc()
 			if p.cfg.Published != nil {
@@ -269,8 +293,8 @@ func (p *Producer) commit(ctx context.Context) error {
 			}
 		}
 		r.ev.Txn.Done()
-		p.txn.recs[i] = nil
 	}
+	clear(p.txn.recs)
 	p.txn.recs = p.txn.recs[:0]
 	return nil
 }
@@ -281,10 +305,16 @@ func (p *Producer) commit(ctx context.Context) error {
 func (p *Producer) recordErrors() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(p.txn.failed) == 0 {
+		return nil
+	}
+	defer clear(p.txn.failed)
 	var first error
 	var largest *txnRec
-	for _, r := range p.txn.recs {
-		err := r.err
+	var largestErr error
+	for i := range p.txn.recs {
+		r := &p.txn.recs[i]
+		err := p.txn.failed[r.rec]
 		switch {
 		case err == nil:
 			continue
@@ -301,7 +331,7 @@ func (p *Producer) recordErrors() error {
 				p.cfg.Poison.add(poisonKey(r.topic, r.ev.Row), err)
 			}
 			if largest == nil || r.size > largest.size {
-				largest = r
+				largest, largestErr = r, err
 			}
 		}
 		if first == nil {
@@ -309,7 +339,7 @@ func (p *Producer) recordErrors() error {
 		}
 	}
 	if largest != nil && largest.size <= p.cfg.MaxMessageBytes/2 {
-		p.cfg.Poison.add(poisonKey(largest.topic, largest.ev.Row), largest.err)
+		p.cfg.Poison.add(poisonKey(largest.topic, largest.ev.Row), largestErr)
 	}
 	if first != nil {
 		p.log.Warn("a record of the Kafka transaction failed; aborting it and reading again from the confirmed position (records Kafka refused go to the dead letters)", "err", first)
@@ -334,4 +364,7 @@ func (p *Producer) abort() {
 	p.txn.open = false
 	clear(p.txn.recs)
 	p.txn.recs = p.txn.recs[:0]
+	p.mu.Lock()
+	clear(p.txn.failed)
+	p.mu.Unlock()
 }

@@ -7,9 +7,11 @@
 package relay
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -21,6 +23,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -61,6 +64,16 @@ type Relay struct {
 // TokenHeader is the record header carrying the lease's fencing token
 // (decimal text).
 const TokenHeader = "outbox.lease.token"
+
+// handOver is how many decoded events wait between the stream and the
+// producer. It lets the stream keep reading while the producer is busy for
+// a moment (a Kafka transaction commits in 10-20 ms, during which a drain
+// decodes several hundred events) instead of stalling the walsender.
+const handOver = 4096
+
+// replicationReadBuffer is the read buffer under the replication
+// connection.
+const replicationReadBuffer = 256 << 10
 
 // leadership is this instance's state during one term of the lease.
 type leadership struct {
@@ -326,6 +339,12 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		return &wal.FatalError{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
 	}
 	rcfg.RuntimeParams["replication"] = "database"
+	// pgconn reads through an 8 KiB chunk buffer: one system call per few
+	// messages while draining a backlog. A larger buffer under it takes
+	// whatever the socket holds in one read.
+	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, replicationReadBuffer), w)
+	}
 	var versionNum int
 	var senderTimeout int64
 	if err := conn.QueryRow(setupCtx, querySettings).Scan(&versionNum, &senderTimeout); err != nil {
@@ -396,7 +415,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	l.established.Store(true)
 
 	tr := tracker.New(0)
-	events := make(chan wal.Event, 256)
+	events := make(chan wal.Event, handOver)
 	prod := publish.New(r.producerConfig(l), kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
 
 	start, st, snapshot, err := r.prepareSlot(setupCtx, t, conn, rconn, sys.SystemID, db)

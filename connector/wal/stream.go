@@ -71,6 +71,11 @@ type Stream struct {
 	lastCommitEnd uint64
 	nextStatus    time.Time
 	sentFlush     uint64
+	// readDeadline is the deadline last set on the connection: setting it
+	// costs a timer update per call, so it is set only when it changes.
+	readDeadline time.Time
+	// table is Schema.Table, built once rather than per event.
+	table string
 }
 
 type relation struct {
@@ -104,6 +109,7 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 		return classifyStart(s.Slot, s.Publication, err)
 	}
 	s.rels = make(map[uint32]*relation)
+	s.readDeadline = time.Time{}
 	s.walEnd = start
 	s.sentFlush = 0
 	s.nextStatus = time.Now()
@@ -151,10 +157,16 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 			}
 			deadline = s.nextStatus
 		}
-		_ = s.Conn.Conn().SetReadDeadline(deadline)
+		// A stop sets the deadline from another goroutine: while stopping,
+		// and after any timeout, set it again rather than trust the cache.
+		if ctx.Err() != nil || !deadline.Equal(s.readDeadline) {
+			_ = s.Conn.Conn().SetReadDeadline(deadline)
+			s.readDeadline = deadline
+		}
 		msg, err := s.Conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if isTimeout(err) {
+				s.readDeadline = time.Time{}
 				continue
 			}
 			if ctx.Err() != nil {
@@ -321,7 +333,18 @@ func (s *Stream) count(kind string) {
 }
 
 func (s *Stream) source(lsn uint64) route.Source {
-	return route.Source{LSN: lsn, CommitLSN: s.begin.FinalLSN, CommitTime: s.begin.CommitTime, Table: s.Schema + "." + s.Table}
+	if s.table == "" {
+		s.table = s.Schema + "." + s.Table
+	}
+	return route.Source{LSN: lsn, CommitLSN: s.begin.FinalLSN, CommitTime: s.begin.CommitTime, Table: s.table}
+}
+
+// smallRow is the most columns a row allocated with its columns has.
+const smallRow = 8
+
+type rowWithColumns struct {
+	row  route.Row
+	cols [smallRow]route.Column
 }
 
 // row copies a tuple out of the connection's buffer (reused by the next
@@ -335,7 +358,17 @@ func (s *Stream) row(rel *relation, cols []TupleColumn, lsn uint64) (*route.Row,
 		n += len(c.Data)
 	}
 	buf := make([]byte, 0, n)
-	row := &route.Row{Columns: make([]route.Column, len(cols)), Source: s.source(lsn)}
+	var row *route.Row
+	if len(cols) <= smallRow {
+		// The row and its columns in one allocation: the usual outbox
+		// table has fewer columns than this.
+		r := &rowWithColumns{}
+		r.row.Columns = r.cols[:len(cols):len(cols)]
+		row = &r.row
+	} else {
+		row = &route.Row{Columns: make([]route.Column, len(cols))}
+	}
+	row.Source = s.source(lsn)
 	for i, c := range cols {
 		rc := &row.Columns[i]
 		rc.Name = rel.Columns[i].Name

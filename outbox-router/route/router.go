@@ -79,10 +79,12 @@ type hdrSpan struct {
 	v   span
 }
 
-// record1 puts a record and its first header in one allocation.
+// record1 puts a record and its first header in one allocation, with room
+// for one header more: the connector adds its lease token to every record,
+// which would otherwise copy the headers.
 type record1 struct {
 	rec kgo.Record
-	h   [1]kgo.RecordHeader
+	h   [2]kgo.RecordHeader
 }
 
 // Route turns one row into a record exactly as Debezium's EventRouter (and
@@ -361,9 +363,9 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	if len(hdrs) == 1 {
 		r1 := &record1{}
 		rec = &r1.rec
-		rec.Headers = r1.h[:0:1]
+		rec.Headers = r1.h[:0:2]
 	} else {
-		rec = &kgo.Record{Headers: make([]kgo.RecordHeader, 0, len(hdrs))}
+		rec = &kgo.Record{Headers: make([]kgo.RecordHeader, 0, len(hdrs)+1)}
 	}
 	rec.Topic = topic
 	rec.Key = key.slice(buf)
