@@ -26,6 +26,17 @@ command -v mvn >/dev/null || { echo "install.sh: Maven is required to resolve Ka
 "$here/kafka.sh" install
 "$here/registry.sh" install
 
+# PostgreSQL 13 to 18 beside Debian's, for slotwatch's version-gated queries
+# (TestQueriesOnRealVersions): zonky's builds from Maven Central, unpacked
+# once per machine into the cache; their archives are xz-compressed.
+if ! command -v xz >/dev/null; then
+	SUDO=""
+	if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq xz-utils >/dev/null
+fi
+"$here/pgversions.sh" install
+
 # promtool checks slotwatch's shipped alert rules. Built once per machine from
 # the Go module proxy into the cache (never into our go.mod); the version is
 # the one slotwatch/rules/rules_test.go pins.

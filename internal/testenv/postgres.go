@@ -84,6 +84,16 @@ type PGOptions struct {
 	// Fsync keeps fsync on (benchmarks); tests default to off for speed:
 	// a process crash (what the fault tests inject) loses nothing either way.
 	Fsync bool
+	// BinDir holds the server binaries (initdb, pg_ctl, postgres) to run;
+	// empty means PGBinDir(). PGVersionBinDir finds those of a given major.
+	BinDir string
+	// HBA are pg_hba.conf lines placed before the default trust rules
+	// (the first line that matches decides), e.g. hostssl rules for a role.
+	HBA []string
+	// Files are written into the data directory, owned by the server's
+	// user with mode 0600, before the server starts: certificates and keys
+	// that Settings name relative to it (ssl_cert_file = 'server.crt').
+	Files map[string][]byte
 }
 
 // Postgres is one throwaway cluster. The superuser is "postgres" and the
@@ -116,8 +126,14 @@ func StartPostgres(t testing.TB, opts PGOptions) *Postgres {
 // NewPostgres is StartPostgres without a testing.TB (for the bench program
 // and make up); the caller must call Destroy.
 func NewPostgres(opts PGOptions) (*Postgres, error) {
-	bin, err := PGBinDir()
-	if err != nil {
+	bin := opts.BinDir
+	if bin == "" {
+		var err error
+		if bin, err = PGBinDir(); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkServerBin(bin); err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "outbox-pg-")
@@ -141,9 +157,19 @@ func NewPostgres(opts PGOptions) (*Postgres, error) {
 		if err := os.Chown(dir, pg.uid, pg.gid); err != nil {
 			return nil, err
 		}
+		if !othersCanReach(bin) {
+			// Binaries unpacked into root's cache (scripts/pgversions.sh).
+			if pg.BinDir, err = stageInstall(bin, filepath.Join(dir, "install")); err != nil {
+				os.RemoveAll(dir)
+				return nil, err
+			}
+			bin = pg.BinDir
+		}
 	}
 	data := filepath.Join(dir, "data")
-	if out, err := pg.run(bin+"/initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-instructions", "--locale=C"); err != nil {
+	// -N: no fsync of the new cluster (the tests' servers run with fsync
+	// off too). No --no-instructions: 13's initdb does not know it.
+	if out, err := pg.run(bin+"/initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "-N", "--locale=C"); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %w: %s", err, out)
 	}
@@ -191,11 +217,20 @@ func NewPostgres(opts PGOptions) (*Postgres, error) {
 	}
 	f.Close()
 	hba := "local all all trust\nhost all all 127.0.0.1/32 trust\nlocal replication all trust\nhost replication all 127.0.0.1/32 trust\n"
-	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
-		return nil, err
+	if len(opts.HBA) > 0 {
+		hba = strings.Join(opts.HBA, "\n") + "\n" + hba
 	}
-	if pg.asUser {
-		_ = os.Chown(filepath.Join(data, "pg_hba.conf"), pg.uid, pg.gid)
+	files := map[string][]byte{"pg_hba.conf": []byte(hba)}
+	for name, b := range opts.Files {
+		files[name] = b
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(data, name), b, 0o600); err != nil {
+			return nil, err
+		}
+		if pg.asUser {
+			_ = os.Chown(filepath.Join(data, name), pg.uid, pg.gid)
+		}
 	}
 	if err := pg.Start(); err != nil {
 		pg.Destroy()
@@ -315,7 +350,7 @@ func SchemaFiles() ([]string, error) {
 
 // Psql runs psql against db with extra arguments.
 func (pg *Postgres) Psql(db string, args ...string) error {
-	psql := filepath.Join(pg.BinDir, "psql")
+	psql := pg.ClientBin("psql")
 	full := append([]string{"-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", pg.DSN(db)}, args...)
 	out, err := exec.Command(psql, full...).CombinedOutput()
 	if err != nil {

@@ -101,6 +101,35 @@ func TestParseSettingsUnlimited(t *testing.T) {
 
 func ptr(s string) *string { return &s }
 
+// TestInvalidated reads the invalidation of slots shaped as each version's
+// pg_replication_slots shows them (testdata/pg<major>.json were recorded
+// from such servers).
+func TestInvalidated(t *testing.T) {
+	yes, no := true, false
+	tests := []struct {
+		name       string
+		slot       Slot
+		bad        bool
+		wantReason string
+	}{
+		{"healthy", Slot{WALStatus: "reserved", RestartLSN: 0x1000000}, false, ""},
+		{"13-15 lost", Slot{WALStatus: "lost"}, true, "wal_removed"},
+		{"16 wal_removed", Slot{WALStatus: "lost", Conflicting: &yes}, true, "wal_removed"},
+		{"16 conflict with recovery", Slot{WALStatus: "lost", RestartLSN: 0x1000000, Conflicting: &yes}, true, "rows_removed_or_wal_level_insufficient"},
+		{"16 healthy", Slot{WALStatus: "reserved", RestartLSN: 0x1000000, Conflicting: &no}, false, ""},
+		{"17 wal_removed", Slot{WALStatus: "lost", Conflicting: &no, InvalidationReason: "wal_removed"}, true, "wal_removed"},
+		{"18 idle_timeout", Slot{WALStatus: "lost", RestartLSN: 0x1000000, Conflicting: &no, InvalidationReason: "idle_timeout"}, true, "idle_timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bad, reason := tt.slot.Invalidated()
+			if bad != tt.bad || reason != tt.wantReason {
+				t.Errorf("Invalidated() = %v, %q; want %v, %q", bad, reason, tt.bad, tt.wantReason)
+			}
+		})
+	}
+}
+
 // viewColumns are the columns of pg_replication_slots that appeared after
 // 13, by the version that added them (PostgreSQL's documentation of the
 // view, release by release).
@@ -204,9 +233,10 @@ func viewQueries(version int) map[string]string {
 	return m
 }
 
-// TestGolden parses the rows recorded (15) or transcribed (13, 14, 16, 17,
-// 18) for every version through that version's queries and compares the
-// snapshot with testdata/pgNN.golden.json (go test -update rewrites those).
+// TestGolden parses the rows recorded from a real server of every version
+// (TestQueriesOnRealVersions -record) through that version's queries and
+// compares the snapshot with testdata/pgNN.golden.json (go test -update
+// rewrites those).
 func TestGolden(t *testing.T) {
 	files, err := filepath.Glob("testdata/pg[0-9][0-9].json")
 	if err != nil {

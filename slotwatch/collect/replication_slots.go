@@ -95,8 +95,9 @@ type Slot struct {
 
 	TwoPhase   *bool `json:"two_phase,omitempty"`    // 14+
 	TwoPhaseAt LSN   `json:"two_phase_at,omitempty"` // 18+
-	// Conflicting (16+) is true when a logical slot was invalidated by a
-	// conflict with recovery.
+	// Conflicting (16+): on 17 and later, true when a logical slot was
+	// invalidated by a conflict with recovery; on 16, true when it was
+	// invalidated at all (wal_removed too, as a real 16.15 shows).
 	Conflicting *bool `json:"conflicting,omitempty"`
 	// InactiveSince (17+) is when the slot became inactive, Unix seconds.
 	InactiveSince *float64 `json:"inactive_since,omitempty"`
@@ -155,11 +156,13 @@ func (s *Slot) Invalidated() (bool, string) {
 	switch {
 	case s.InvalidationReason != "":
 		return true, s.InvalidationReason
+	case s.Conflicting != nil && *s.Conflicting && (s.WALStatus != "lost" || s.RestartLSN != 0):
+		// 16 shows every invalidated slot as lost and every invalidated
+		// logical slot as conflicting; only the removal of its WAL clears
+		// the restart_lsn. Nor does 16 say which conflict it was.
+		return true, "rows_removed_or_wal_level_insufficient"
 	case s.WALStatus == "lost":
 		return true, "wal_removed"
-	case s.Conflicting != nil && *s.Conflicting:
-		// 16 says only that the slot conflicted with recovery.
-		return true, "rows_removed_or_wal_level_insufficient"
 	}
 	return false, ""
 }
