@@ -124,7 +124,7 @@ func suggestions(res *Results) string {
 		}
 	}
 	if len(share) > 0 && median(share) >= 0.1 {
-		line := fmt.Sprintf("**Keep reading while a Kafka transaction commits** (`connector/publish/txn.go`). In the drains the connector committed every %.0f events (median) and spent %.0f%% of the drain time committing (a flush of the transaction's records, then EndTxn, with nothing produced meanwhile); the stream stops reading as soon as its small hand-over channel to the producer is full (`relay.go`), a few milliseconds into each commit, so the stall reaches back to PostgreSQL. A hand-over sized by bytes or by OUTBOX_MAX_IN_FLIGHT, or a next batch routed and buffered while the previous one commits, overlaps the commit round trips with decoding.",
+		line := fmt.Sprintf("**Keep reading while a Kafka transaction commits** (`connector/publish/txn.go`). In the drains the connector committed every %.0f events (median) and spent %.0f%% of the drain time committing (a flush of the transaction's records, then EndTxn, with nothing produced meanwhile); the stream reads on while a commit runs until its hand-over to the producer (`handOver` in `relay.go`, 4,096 events) is full; a longer commit stalls reading, and the walsender with it. Producing the next transaction's records while the previous one commits is not possible with one transactional producer (KIP-890); two producers alternating, or larger transactions under load, would hide the rest.",
 			median(perTxn), 100*median(share))
 		add("%s", line)
 	}
@@ -137,7 +137,7 @@ func suggestions(res *Results) string {
 				continue
 			}
 			part := fmt.Sprintf("%d/s: in Kafka p50 %.1f ms, acked p50 %.1f ms, %.0f%% acked within 10 ms", rate, c.CommitToAck.P50, c.ConnectorHistogram.P50, 100**c.ConnectorHistogram.Within10ms)
-			for _, alt := range []string{sysConnectorIdem, sysConnectorLinger} {
+			for _, alt := range []string{sysConnectorIdem, sysConnectorLinger, sysConnectorLinger0} {
 				if a := findLatency(res, alt, rate); a != nil && a.ConnectorHistogram != nil && a.ConnectorHistogram.Within10ms != nil {
 					part += fmt.Sprintf(" (`%s`: %.0f%%)", alt, 100**a.ConnectorHistogram.Within10ms)
 				}
@@ -159,12 +159,10 @@ func suggestions(res *Results) string {
 			continue
 		}
 		advice := []struct{ site, text string }{
-			{"(*Stream).row", "build the row, its columns and its bytes in one allocation in `wal.(*Stream).row`"},
-			{"(*Stream).source", "keep the `schema.table` string instead of concatenating it per event in `wal.(*Stream).source`"},
+			{"(*Stream).row", "copy rows' bytes into a shared arena per read instead of one buffer per row in `wal.(*Stream).row` (the row and its columns are already one allocation)"},
 			{"(*Router).route", "let the router alias the row's payload (already a private copy) instead of copying it into the record"},
-			{"poisonKey", "skip the poison lookup's key (`poisonKey`, a string per record) while the poison set is empty"},
 			{"(*Tracker).Begin", "recycle `tracker.Txn`s (one allocation per PostgreSQL transaction)"},
-			{"(*Producer).produce", "avoid the per-record promise closure in `publish.(*Producer).produce` (one shared callback; the event in the record's Context or a side table)"},
+			{"(*Producer).produce", "avoid the per-record promise closure of the idempotent producer in `publish.(*Producer).produce` (the transactional producer already shares one promise)"},
 		}
 		var todo []string
 		joined := strings.Join(sites, " ")
@@ -194,22 +192,28 @@ func suggestions(res *Results) string {
 		if dl > 0 {
 			dlText = fmt.Sprintf(", setting the read deadline %.0f%%", dl)
 		}
-		add("**Fewer system calls and wake-ups per event** (`%s` profile: system calls %.0f%% of CPU, reading the replication stream %.0f%%, the scheduler looking for work %.0f%%%s). `wal.(*Stream).Run` sets the connection's read deadline before every message: set it only when the status deadline changes. pgconn reads the stream through an 8 KiB chunk reader: a larger buffer (`pgconn.Config.BuildFrontend` over a `bufio.Reader` of 256 KiB) takes many messages per read. Handing events to the producer in slices (per transaction or per read) instead of one channel send per event cuts the goroutine wake-ups.",
+		add("**Fewer system calls and wake-ups per event** (`%s` profile: system calls %.0f%% of CPU, reading the replication stream %.0f%%, the scheduler looking for work %.0f%%%s). The read deadline is set only when it changes and the replication connection reads through a 256 KiB buffer; what is left: handing events to the producer in slices (per transaction or per read) instead of one channel send per event, to cut the goroutine wake-ups.",
 			pr.Variant, sys, read, sched, dlText)
 	}
 	// 4. Batching: linger.
-	idem1, ling1 := findSummary(res, sysConnectorIdem, 1), findSummary(res, sysConnectorLinger, 1)
+	// zero and one are the idempotent producer with linger 0 and 1 ms,
+	// whichever of them is the binary's default.
+	zero, one := sysConnectorIdem, sysConnectorLinger
+	if findSummary(res, sysConnectorLinger0, 1) != nil {
+		zero, one = sysConnectorLinger0, sysConnectorIdem
+	}
+	idem1, ling1 := findSummary(res, zero, 1), findSummary(res, one, 1)
 	if idem1 != nil && ling1 != nil {
 		var drains, lats []string
 		for _, tx := range res.Settings.TxSizes {
-			a, b := findSummary(res, sysConnectorIdem, tx), findSummary(res, sysConnectorLinger, tx)
+			a, b := findSummary(res, zero, tx), findSummary(res, one, tx)
 			if a != nil && b != nil {
 				drains = append(drains, fmt.Sprintf("%d/tx %.0f against %.0f events/s, connector %.2f against %.2f and broker %.2f against %.2f CPU s per 100k events",
 					tx, b.EventsPerSec, a.EventsPerSec, b.CPUPer100k, a.CPUPer100k, b.BrokerCPU, a.BrokerCPU))
 			}
 		}
 		for _, rate := range res.Settings.Rates {
-			if a, b := findLatency(res, sysConnectorIdem, rate), findLatency(res, sysConnectorLinger, rate); a != nil && b != nil {
+			if a, b := findLatency(res, zero, rate), findLatency(res, one, rate); a != nil && b != nil {
 				lats = append(lats, fmt.Sprintf("%d/s p50/p99 %.1f/%.1f against %.1f/%.1f ms", rate, b.CommitToConsumer.P50, b.CommitToConsumer.P99, a.CommitToConsumer.P50, a.CommitToConsumer.P99))
 			}
 		}
@@ -224,7 +228,7 @@ func suggestions(res *Results) string {
 		}
 	}
 	if len(over) > 0 {
-		add("**Bound buffered bytes, not only records** (peak RSS over 64 MiB: %s). OUTBOX_MAX_IN_FLIGHT counts records (10,000); with large payloads that is unbounded in bytes. franz-go's `MaxBufferedBytes` (say 8 MiB) next to `MaxBufferedRecords`, and a soft memory limit (`debug.SetMemoryLimit`, e.g. 48 MiB, so the GC works harder before the heap doubles), keep the process under the goal.",
+		add("**Bound buffered bytes, not only records** (peak RSS over 64 MiB: %s). The producer buffers at most OUTBOX_MAX_IN_FLIGHT records (10,000) and 16 MiB, and the hand-over 4,096 decoded events; the Go heap then doubles before each collection (GOGC=100). A soft memory limit (`GOMEMLIMIT`, e.g. 48MiB, so the GC works harder before the heap doubles) keeps the process nearer the goal at some CPU cost.",
 			strings.Join(over, ", "))
 	}
 	if len(out) == 0 {

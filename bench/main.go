@@ -167,10 +167,15 @@ type variant struct {
 // binary has the setting.
 const sysConnectorIdem = "connector (idempotent)"
 
-// sysConnectorLinger is the idempotent producer with a 1 ms linger: the
-// batching change the profiles point at, measured without editing the
-// connector.
-const sysConnectorLinger = "connector (idempotent, linger 1ms)"
+// sysConnectorLinger is the idempotent producer with the other linger than
+// the binary's default: 1 ms against a binary whose default is 0 (the
+// batching change the first profiles pointed at, measured without editing
+// the connector), 0 against one whose default is 1 ms (what the default
+// saves).
+const (
+	sysConnectorLinger  = "connector (idempotent, linger 1ms)"
+	sysConnectorLinger0 = "connector (idempotent, linger 0)"
+)
 
 // connectorVariants asks the connector binary which settings it has: when it
 // produces in Kafka transactions by default, the idempotent producer is
@@ -178,11 +183,19 @@ const sysConnectorLinger = "connector (idempotent, linger 1ms)"
 func connectorVariants(ctx context.Context, bin string) []variant {
 	vs := []variant{{Name: sysConnector, Note: "the connector's defaults", Profile: true}}
 	out, _ := exec.CommandContext(ctx, bin, "-help").CombinedOutput()
+	linger := "0"
+	if bytes.Contains(out, []byte("OUTBOX_KAFKA_LINGER) (default 1ms)")) {
+		linger = "1ms"
+	}
 	if bytes.Contains(out, []byte("OUTBOX_KAFKA_TRANSACTIONAL")) {
-		vs[0].Note = "the connector's defaults: Kafka transactions (OUTBOX_KAFKA_TRANSACTIONAL=true, OUTBOX_KAFKA_TXN_INTERVAL=100ms), producer linger 0"
+		vs[0].Note = "the connector's defaults: Kafka transactions (OUTBOX_KAFKA_TRANSACTIONAL=true, OUTBOX_KAFKA_TXN_INTERVAL=100ms), producer linger " + linger
 		vs = append(vs, variant{Name: sysConnectorIdem, Env: []string{"OUTBOX_KAFKA_TRANSACTIONAL=false"}, Profile: true,
-			Note: "OUTBOX_KAFKA_TRANSACTIONAL=false: the idempotent producer (acks=all), no Kafka transactions, linger 0"})
-		if bytes.Contains(out, []byte("OUTBOX_KAFKA_LINGER")) {
+			Note: "OUTBOX_KAFKA_TRANSACTIONAL=false: the idempotent producer (acks=all), no Kafka transactions, linger " + linger})
+		switch {
+		case linger == "1ms":
+			vs = append(vs, variant{Name: sysConnectorLinger0, Env: []string{"OUTBOX_KAFKA_TRANSACTIONAL=false", "OUTBOX_KAFKA_LINGER=0"},
+				Note: "OUTBOX_KAFKA_TRANSACTIONAL=false OUTBOX_KAFKA_LINGER=0: the idempotent producer sending at once"})
+		case bytes.Contains(out, []byte("OUTBOX_KAFKA_LINGER")):
 			vs = append(vs, variant{Name: sysConnectorLinger, Env: []string{"OUTBOX_KAFKA_TRANSACTIONAL=false", "OUTBOX_KAFKA_LINGER=1ms"},
 				Note: "OUTBOX_KAFKA_TRANSACTIONAL=false OUTBOX_KAFKA_LINGER=1ms: the idempotent producer waiting up to 1 ms to fill batches"})
 		}

@@ -15,7 +15,7 @@ import (
 // (bench/pprofrelay: the same relay) and keeps its CPU and allocation
 // profiles, their top entries, and the allocations per event.
 func (b *bench) profileDrain(ctx context.Context, bl backlog, v variant, slot string) ProfileResult {
-	name := map[string]string{sysConnector: "connector", sysConnectorIdem: "connector-idempotent", sysConnectorLinger: "connector-linger"}[v.Name]
+	name := map[string]string{sysConnector: "connector", sysConnectorIdem: "connector-idempotent", sysConnectorLinger: "connector-linger", sysConnectorLinger0: "connector-linger0"}[v.Name]
 	if name == "" {
 		name = "connector-variant"
 	}
