@@ -26,18 +26,35 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/publish"
 	"github.com/pgoutbox/pgoutbox/connector/redrive"
 	"github.com/pgoutbox/pgoutbox/connector/relay"
+	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
+	"github.com/pgoutbox/pgoutbox/internal/webconfig"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := checkEnv(os.Environ())
+	if err == nil {
+		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "connector:", err)
 		os.Exit(1)
 	}
+}
+
+// checkEnv refuses OUTBOX_* variables the connector does not read: a typo
+// would otherwise run on a default. OUTBOX_ROUTER_* are outbox-router's, so
+// one environment can serve both binaries.
+func checkEnv(environ []string) error {
+	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
+		Prefixes: []string{"OUTBOX_"},
+		Others:   []string{"OUTBOX_ROUTER_"},
+		Known:    config.EnvVars(),
+		NoFile:   route.EnvVars(), // the routing options are read as they are
+	})
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -70,9 +87,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := errors.Join(b.Err(), cfg.Validate()); err != nil {
 		return err
 	}
-	log := newLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("component", "connector")
+	base := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log := base.With("component", "connector")
 	if redriveFrom != "" {
 		return redriveCmd(ctx, cfg, redriveFrom, group, log, stdout)
+	}
+	if err := preflight(ctx, cfg, log); err != nil {
+		return err
 	}
 	m := metrics.New()
 	router, err := route.NewContext(ctx, cfg.Route)
@@ -82,14 +103,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	r := relay.New(cfg, router, log, m)
 
 	var srv *http.Server
-	if cfg.HTTPAddr != "" {
+	served := make(chan struct{})
+	if cfg.HTTPEnabled() {
 		ln, err := net.Listen("tcp", cfg.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("OUTBOX_HTTP_ADDR: listen on %s: %w", cfg.HTTPAddr, err)
 		}
 		srv = &http.Server{Handler: handler(r, m), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		log.Info("serving /metrics, /healthz, /readyz, /leader", "addr", ln.Addr().String())
+		hlog := base.With("component", "http")
+		go func() {
+			defer close(served)
+			if err := webconfig.Serve(ln, srv, "OUTBOX_HTTP_WEB_CONFIG", cfg.HTTPWebConfig, hlog); err != nil {
+				// The relay goes on: /readyz probes failing is how a
+				// platform notices, and publishing must not stop for it.
+				hlog.Error("HTTP endpoint stopped", "err", err)
+			}
+		}()
+		tls, users := webconfig.Summary(cfg.HTTPWebConfig)
+		log.Info("serving /metrics, /healthz, /readyz, /leader", "addr", ln.Addr().String(), "tls", tls, "basic_auth_users", users)
 	}
 	log.Info("starting", "pg", config.RedactDSN(cfg.PGDSN), "kafka", cfg.Kafka.Brokers, "slot", cfg.Slot, "publication", cfg.Publication, "table", cfg.Table)
 	// Run competes for the slot's lease, leads while it holds it, and at
@@ -99,6 +130,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = srv.Shutdown(sctx)
 		c()
+		<-served
 	}
 	if err != nil {
 		return err

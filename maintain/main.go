@@ -27,7 +27,10 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	err := checkEnv(os.Environ())
+	if err == nil {
+		err = run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "maintain:", err)
@@ -35,52 +38,71 @@ func main() {
 	}
 }
 
+// settings are maintain's flags and environment variables.
+type settings struct {
+	dsn, mode, table    string
+	retention, interval time.Duration
+	ahead, batch        int
+}
+
+func (s *settings) bind(fs *flag.FlagSet, getenv func(string) string) *config.Binder {
+	b := config.NewBinder(fs, getenv)
+	b.Secret(&s.dsn, "pg-dsn", "MAINTAIN_PG_DSN", "PostgreSQL connection string (falls back to OUTBOX_PG_DSN)")
+	b.String(&s.mode, "mode", "MAINTAIN_MODE", "partitions", "partitions (drop expired daily partitions) or delete (batched DELETE)")
+	b.String(&s.table, "table", "OUTBOX_TABLE", "public.outbox", "outbox table, schema-qualified")
+	b.Duration(&s.retention, "retention", "MAINTAIN_RETENTION", 72*time.Hour, "keep events this long")
+	b.Duration(&s.interval, "interval", "MAINTAIN_INTERVAL", 0, "run every interval until stopped (0: once)")
+	b.Int(&s.ahead, "ahead", "MAINTAIN_AHEAD", 2, "days of partitions to create after today")
+	b.Int(&s.batch, "batch", "MAINTAIN_BATCH", 1000, "rows per DELETE in delete mode")
+	return b
+}
+
+// checkEnv refuses MAINTAIN_* variables maintain does not read. The OUTBOX_*
+// it reads (OUTBOX_PG_DSN, OUTBOX_TABLE) are the connector's, which checks
+// that namespace: maintain often runs with the connector's environment.
+func checkEnv(environ []string) error {
+	var s settings
+	known := s.bind(flag.NewFlagSet("maintain", flag.ContinueOnError), func(string) string { return "" }).EnvVars()
+	return config.CheckUnknownEnv(environ, config.EnvRule{Prefixes: []string{"MAINTAIN_"}, Known: known})
+}
+
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("maintain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	b := config.NewBinder(fs, getenv)
-	var dsn, mode, table string
-	var retention, interval time.Duration
-	var ahead, batch int
-	b.Secret(&dsn, "pg-dsn", "MAINTAIN_PG_DSN", "PostgreSQL connection string (falls back to OUTBOX_PG_DSN)")
-	b.String(&mode, "mode", "MAINTAIN_MODE", "partitions", "partitions (drop expired daily partitions) or delete (batched DELETE)")
-	b.String(&table, "table", "OUTBOX_TABLE", "public.outbox", "outbox table, schema-qualified")
-	b.Duration(&retention, "retention", "MAINTAIN_RETENTION", 72*time.Hour, "keep events this long")
-	b.Duration(&interval, "interval", "MAINTAIN_INTERVAL", 0, "run every interval until stopped (0: once)")
-	b.Int(&ahead, "ahead", "MAINTAIN_AHEAD", 2, "days of partitions to create after today")
-	b.Int(&batch, "batch", "MAINTAIN_BATCH", 1000, "rows per DELETE in delete mode")
+	var s settings
+	b := s.bind(fs, getenv)
 	if err := b.Err(); err != nil {
 		return err
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if dsn == "" {
-		dsn = getenv("OUTBOX_PG_DSN")
+	if s.dsn == "" {
+		s.dsn = getenv("OUTBOX_PG_DSN")
 	}
-	if dsn == "" {
+	if s.dsn == "" {
 		return errors.New("MAINTAIN_PG_DSN: missing; set it to postgres://user@host:5432/db")
 	}
-	if mode != "partitions" && mode != "delete" {
-		return fmt.Errorf("MAINTAIN_MODE: %q; want partitions or delete", mode)
+	if s.mode != "partitions" && s.mode != "delete" {
+		return fmt.Errorf("MAINTAIN_MODE: %q; want partitions or delete", s.mode)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil)).With("component", "maintain", "table", table)
-	pool, err := pgxpool.New(ctx, dsn)
+	log := slog.New(slog.NewTextHandler(stderr, nil)).With("component", "maintain", "table", s.table)
+	pool, err := pgxpool.New(ctx, s.dsn)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
 	once := func() error {
-		if mode == "delete" {
-			n, err := outbox.Cleaner{Table: table, Retention: retention, BatchSize: batch}.DeleteExpired(ctx, pool)
+		if s.mode == "delete" {
+			n, err := outbox.Cleaner{Table: s.table, Retention: s.retention, BatchSize: s.batch}.DeleteExpired(ctx, pool)
 			log.Info("deleted expired outbox rows", "rows", n)
 			return err
 		}
-		res, err := partition.Maintain(ctx, pool, partition.Config{Table: table, Retention: retention, Ahead: ahead})
+		res, err := partition.Maintain(ctx, pool, partition.Config{Table: s.table, Retention: s.retention, Ahead: s.ahead})
 		log.Info("partitions maintained", "created", res.Created, "dropped", res.Dropped)
 		return err
 	}
-	if interval <= 0 {
+	if s.interval <= 0 {
 		return once()
 	}
 	for {
@@ -90,7 +112,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(interval):
+		case <-time.After(s.interval):
 		}
 	}
 }

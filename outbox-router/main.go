@@ -5,6 +5,12 @@
 // transactions (consume-transform-produce, read_committed), so a crash or a
 // kill -9 neither loses nor duplicates records for read_committed consumers.
 // Its only state is in Kafka: the group's committed offsets.
+//
+// Change events may be JSON (Kafka Connect's JsonConverter, with or without
+// schemas) or Avro (Confluent's AvroConverter, or Apicurio's converter in its
+// Confluent-compatible mode), told apart by their first byte unless
+// OUTBOX_ROUTER_INPUT_FORMAT says which; Avro writer schemas are read from
+// the registry named by OUTBOX_ROUTE_REGISTRY_URL.
 package main
 
 import (
@@ -14,15 +20,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
+	connconfig "github.com/pgoutbox/pgoutbox/connector/config"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
@@ -32,7 +42,10 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := checkEnv(os.Environ())
+	if err == nil {
+		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-router:", err)
@@ -40,9 +53,21 @@ func main() {
 	}
 }
 
+// checkEnv refuses OUTBOX_* variables that neither this binary nor the
+// connector reads: a typo would otherwise run on a default. The connector's
+// settings pass, so that one environment can serve both binaries.
+func checkEnv(environ []string) error {
+	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
+		Prefixes: []string{"OUTBOX_"},
+		Known:    append(EnvVars(), connconfig.EnvVars()...),
+		NoFile:   route.EnvVars(), // the routing options are read as they are
+	})
+}
+
 // config is the binary's settings.
 type config struct {
 	SourceTopic     string
+	InputFormat     string
 	SessionTimeout  time.Duration
 	Group           string
 	TransactionalID string
@@ -56,6 +81,7 @@ type config struct {
 func (c *config) bind(fs *flag.FlagSet, getenv func(string) string) (*iconfig.Binder, error) {
 	b := iconfig.NewBinder(fs, getenv)
 	b.String(&c.SourceTopic, "source-topic", "OUTBOX_ROUTER_SOURCE_TOPIC", "", "Debezium change-event topic of the outbox table, e.g. dbserver1.public.outbox")
+	b.String(&c.InputFormat, "input-format", "OUTBOX_ROUTER_INPUT_FORMAT", string(cdc.FormatAuto), "change-event encoding: auto (by the first byte: 0 is Avro in the Confluent wire format, else JSON), json (JsonConverter) or avro (AvroConverter; schemas from OUTBOX_ROUTE_REGISTRY_URL)")
 	b.String(&c.Group, "group", "OUTBOX_ROUTER_GROUP", "outbox-router", "consumer group (its committed offsets are the router's state)")
 	b.String(&c.TransactionalID, "transactional-id", "OUTBOX_ROUTER_TRANSACTIONAL_ID", "outbox-router", "Kafka transactional id; one per router deployment")
 	b.Duration(&c.SessionTimeout, "session-timeout", "OUTBOX_ROUTER_SESSION_TIMEOUT", 10*time.Second, "consumer group session timeout: how soon a killed router's partitions move to a new one")
@@ -82,6 +108,13 @@ func (c *config) validate() error {
 	}
 	if c.Group == "" || c.TransactionalID == "" {
 		errs = append(errs, errors.New("OUTBOX_ROUTER_GROUP and OUTBOX_ROUTER_TRANSACTIONAL_ID must not be empty"))
+	}
+	format, err := cdc.ParseFormat(c.InputFormat)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("OUTBOX_ROUTER_INPUT_FORMAT: %w", err))
+	}
+	if format == cdc.FormatAvro && len(c.Route.RegistryURLs) == 0 {
+		errs = append(errs, errors.New("OUTBOX_ROUTER_INPUT_FORMAT=avro: no schema registry; set OUTBOX_ROUTE_REGISTRY_URL to the registry Debezium's AvroConverter writes to, e.g. http://registry:8081"))
 	}
 	errs = append(errs, c.Kafka.Validate())
 	return errors.Join(errs...)
@@ -114,6 +147,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return fmt.Errorf("router settings: %w", err)
 	}
+	// Kafka settings that can never work (a certificate that does not
+	// verify, a refused mechanism or password) end the run with the setting
+	// named; a broker that does not answer yet is retried by the session.
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	checkErr := cfg.Kafka.Check(cctx)
+	cancel()
+	var bad *kafkaopt.ConfigError
+	if errors.As(checkErr, &bad) {
+		return checkErr
+	} else if checkErr != nil && ctx.Err() == nil {
+		log.Warn("Kafka does not answer yet; starting anyway, the router retries", "err", checkErr)
+	}
 	opts := append(cfg.Kafka.Opts(log),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.SessionTimeout(cfg.SessionTimeout),
@@ -138,15 +183,43 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer admClient.Close()
 	adm := kadm.NewClient(admClient)
-	r := &routerLoop{sess: sess, adm: adm, router: router, cfg: cfg, log: log, known: map[string]bool{}}
-	log.Info("routing", "source", cfg.SourceTopic, "group", cfg.Group, "transactional_id", cfg.TransactionalID)
+	format, _ := cdc.ParseFormat(cfg.InputFormat)
+	dec := &cdc.Decoder{Format: format, PayloadField: cfg.Route.FieldPayload}
+	if len(cfg.Route.RegistryURLs) > 0 {
+		reg, err := registryClient(&cfg.Route)
+		if err != nil {
+			return err
+		}
+		dec.Avro = cdc.NewAvroDecoder(reg)
+	}
+	r := &routerLoop{sess: sess, adm: adm, router: router, dec: dec, cfg: cfg, log: log, known: map[string]bool{}}
+	log.Info("routing", "source", cfg.SourceTopic, "input_format", format, "group", cfg.Group, "transactional_id", cfg.TransactionalID)
 	return r.run(ctx)
+}
+
+// registryTimeout bounds one schema registry request.
+const registryTimeout = 10 * time.Second
+
+// registryClient reads the writer schemas of Avro change events from the
+// registry the router's Avro output uses (OUTBOX_ROUTE_REGISTRY_*): with
+// Debezium's AvroConverter both live in the one registry.
+func registryClient(cfg *route.Config) (*sr.Client, error) {
+	opts := []sr.ClientOpt{sr.URLs(cfg.RegistryURLs...), sr.HTTPClient(&http.Client{Timeout: registryTimeout}), sr.UserAgent("pgoutbox-outbox-router")}
+	if cfg.RegistryUser != "" || cfg.RegistryPassword != "" {
+		opts = append(opts, sr.BasicAuth(cfg.RegistryUser, cfg.RegistryPassword))
+	}
+	cl, err := sr.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("schema registry client (OUTBOX_ROUTE_REGISTRY_URL): %w", err)
+	}
+	return cl, nil
 }
 
 type routerLoop struct {
 	sess   *kgo.GroupTransactSession
 	adm    *kadm.Client
 	router *route.Router
+	dec    *cdc.Decoder
 	cfg    config
 	log    *slog.Logger
 	known  map[string]bool
@@ -155,6 +228,7 @@ type routerLoop struct {
 // run consumes, routes and produces one Kafka transaction per poll: the
 // outputs and the consumed offsets commit together, or not at all.
 func (r *routerLoop) run(ctx context.Context) error {
+	var backoff time.Duration
 	for {
 		fs := r.sess.PollFetches(ctx)
 		if ctx.Err() != nil {
@@ -176,12 +250,34 @@ func (r *routerLoop) run(ctx context.Context) error {
 		if err := r.sess.Begin(); err != nil {
 			return fmt.Errorf("begin Kafka transaction: %w", err)
 		}
-		var out []*kgo.Record
-		fs.EachRecord(func(in *kgo.Record) {
-			if rec := r.routeOne(ctx, in); rec != nil {
-				out = append(out, rec)
+		out, err := r.routeBatch(ctx, fs)
+		if err != nil {
+			// Nothing of this batch may commit: aborting rewinds the
+			// session to the committed offsets, so that the same records
+			// are consumed again once the registry answers. The abort
+			// outlives a shutdown signal, so that a stop while the
+			// registry is away leaves no open transaction behind.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+			if _, endErr := r.sess.End(actx, kgo.TryAbort); endErr != nil {
+				r.log.Warn("aborting the Kafka transaction failed", "err", endErr)
 			}
-		})
+			cancel()
+			if ctx.Err() != nil {
+				return nil
+			}
+			if !route.IsRetryable(err) {
+				return err
+			}
+			backoff = min(max(2*backoff, 250*time.Millisecond), maxRegistryBackoff)
+			r.log.Warn("schema registry unavailable; the batch will be consumed again", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			continue
+		}
+		backoff = 0
 		for _, rec := range out {
 			r.ensureTopic(ctx, rec.Topic)
 		}
@@ -205,25 +301,82 @@ func (r *routerLoop) run(ctx context.Context) error {
 	}
 }
 
-// routeOne routes a change event; poison becomes a dead letter in the same
-// transaction, and skipped or empty events produce nothing.
-func (r *routerLoop) routeOne(ctx context.Context, in *kgo.Record) *kgo.Record {
-	row, err := cdc.Decode(in.Value, r.cfg.Route.FieldPayload)
-	if errors.Is(err, cdc.ErrTombstone) {
-		return nil
+// maxRegistryBackoff caps the wait between attempts while the schema
+// registry does not answer; abortTimeout bounds aborting a transaction.
+const (
+	maxRegistryBackoff = 10 * time.Second
+	abortTimeout       = 10 * time.Second
+)
+
+// routeBatch routes every record of a poll. An error means the batch must
+// not commit: a registry that did not answer (route.IsRetryable), or a
+// reason to stop.
+func (r *routerLoop) routeBatch(ctx context.Context, fs kgo.Fetches) ([]*kgo.Record, error) {
+	out := make([]*kgo.Record, 0, fs.NumRecords())
+	for it := fs.RecordIter(); !it.Done(); {
+		rec, err := r.routeOne(ctx, it.Next())
+		if err != nil {
+			return nil, err
+		}
+		if rec != nil {
+			out = append(out, rec)
+		}
 	}
-	if err != nil {
-		raw := &route.Row{Columns: []route.Column{{Name: "value", Type: route.OIDText, Value: in.Value}}}
-		return route.DeadLetter(raw, "", &route.Error{Class: route.ClassInvalidPayload, Msg: "not a Debezium change event", Err: err}, r.cfg.DLQTopic)
+	return out, nil
+}
+
+// routeOne routes a change event; poison becomes a dead letter in the same
+// transaction, and skipped or empty events produce nothing. It fails only
+// when the record may route later (the registry did not answer) or when the
+// router must stop (table.op.invalid.behavior=fatal, Avro with no registry).
+func (r *routerLoop) routeOne(ctx context.Context, in *kgo.Record) (*kgo.Record, error) {
+	row, err := r.dec.Decode(ctx, in.Value)
+	switch {
+	case errors.Is(err, cdc.ErrTombstone):
+		return nil, nil
+	case errors.Is(err, cdc.ErrNoRegistry):
+		return nil, fmt.Errorf("%s partition %d offset %d: %w; set OUTBOX_ROUTE_REGISTRY_URL to the registry Debezium's AvroConverter writes to (or OUTBOX_ROUTER_INPUT_FORMAT=json to dead-letter such records)",
+			in.Topic, in.Partition, in.Offset, err)
+	case route.IsRetryable(err):
+		return nil, err
+	case err != nil:
+		cause := err
+		if route.ClassOf(err) == "" {
+			cause = &route.Error{Class: route.ClassInvalidPayload, Msg: "not a Debezium change event", Err: err}
+		}
+		return route.DeadLetter(rawRow(in.Value), "", cause, r.cfg.DLQTopic), nil
 	}
 	rec, err := r.router.Route(ctx, row)
 	if err == nil {
-		return rec
+		return rec, nil
 	}
-	if route.ClassOf(err).Skip() {
-		return nil
+	switch c := route.ClassOf(err); {
+	case c.Skip():
+		return nil, nil
+	case c.Retryable():
+		return nil, err
+	case c.Fatal():
+		return nil, fmt.Errorf("%s partition %d offset %d: %w", in.Topic, in.Partition, in.Offset, err)
 	}
-	return r.router.DeadLetter(row, "", err, r.cfg.DLQTopic)
+	var re *route.Error
+	intended := ""
+	if errors.As(err, &re) {
+		intended = re.Intended
+	}
+	return r.router.DeadLetter(row, intended, err, r.cfg.DLQTopic), nil
+}
+
+// rawRow keeps an undecodable record value whole for the dead-letter topic:
+// as text when it is UTF-8 (JSON); as bytea, which the dead letter writes in
+// \x hex, when it is binary or in the Confluent wire format (Avro), so that
+// no byte is lost to JSON escaping and every Avro dead letter looks alike.
+func rawRow(value []byte) *route.Row {
+	c := route.Column{Name: "value", Type: route.OIDText, Value: value}
+	if (len(value) > 0 && value[0] == 0) || !utf8.Valid(value) {
+		c.Type = route.OIDBytea
+		c.Value = fmt.Appendf(nil, "\\x%x", value)
+	}
+	return &route.Row{Columns: []route.Column{c}}
 }
 
 func (r *routerLoop) ensureTopic(ctx context.Context, topic string) {

@@ -7,6 +7,7 @@
 #   scripts/kafka.sh start DIR [k=v ...]  format DIR, start a broker on a free port,
 #                                         wait until it is up; prints the bootstrap address;
 #                                         extra k=v lines are appended to server.properties
+#                                         (@PORT@ and @CONTROLLER_PORT@ in them become the ports chosen)
 #   scripts/kafka.sh stop DIR             stop the broker started in DIR
 #   scripts/kafka.sh version              the Kafka version this script runs
 #
@@ -68,7 +69,10 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 log.flush.interval.messages=9223372036854775807
 EOF
-	for kv in "$@"; do echo "$kv" >>"$dir/server.properties"; done
+	for kv in "$@"; do
+		kv="${kv//@PORT@/$port}"
+		echo "${kv//@CONTROLLER_PORT@/$cport}" >>"$dir/server.properties"
+	done
 	local cp="$libs/*"
 	local jopts=(-cp "$cp" ${KAFKA_HEAP:--Xmx768m} -XX:+UseG1GC -Djava.awt.headless=true
 		-Dkafka.logs.dir="$dir/logs" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties")

@@ -26,7 +26,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
+	"github.com/pgoutbox/pgoutbox/internal/webconfig"
 	"github.com/pgoutbox/pgoutbox/slotwatch/alert"
 	"github.com/pgoutbox/pgoutbox/slotwatch/config"
 	"github.com/pgoutbox/pgoutbox/slotwatch/metric"
@@ -37,13 +39,26 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+	err := checkEnv(os.Environ())
+	if err == nil {
+		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	}
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "slotwatch:", err)
 		os.Exit(1)
 	}
+}
+
+// checkEnv refuses SLOTWATCH_* variables slotwatch does not read: a typo
+// would otherwise run on a default.
+func checkEnv(environ []string) error {
+	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
+		Prefixes: []string{"SLOTWATCH_"},
+		Known:    config.EnvVars(),
+	})
 }
 
 // shutdownTimeout bounds the HTTP server's graceful stop.
@@ -130,7 +145,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, u := range cfg.AlertmanagerURLs() {
 		sinks = append(sinks, "alertmanager "+config.RedactURL(u))
 	}
-	log.Info("slotwatch starting", "listen", ln.Addr().String(), "servers", names, "interval", cfg.Interval.String(), "alert_sinks", sinks)
+	tls, users := webconfig.Summary(cfg.WebConfig)
+	log.Info("slotwatch starting", "listen", ln.Addr().String(), "tls", tls, "basic_auth_users", users, "servers", names, "interval", cfg.Interval.String(), "alert_sinks", sinks)
 
 	// Shutdown order: the signal cancels ctx; the watcher stops collecting,
 	// the HTTP server drains within shutdownTimeout, and the alert engine
@@ -140,10 +156,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error { return engine.Run(gctx) })
 	g.Go(func() error {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serve HTTP on %s: %w", ln.Addr(), err)
-		}
-		return nil
+		return webconfig.Serve(ln, srv, "SLOTWATCH_WEB_CONFIG", cfg.WebConfig, log.With("component", "web"))
 	})
 	g.Go(func() error {
 		<-gctx.Done()

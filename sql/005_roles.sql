@@ -6,6 +6,8 @@
 -- and owns nothing but its state tables. It does not create the publication
 -- (this file does); it creates its slot, which REPLICATION allows.
 -- outbox_slotwatch: reads replication views through pg_monitor, nothing else.
+-- docs/security.md explains each grant, and what managed PostgreSQL services
+-- (no superuser) need instead of REPLICATION.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_connector') THEN
@@ -18,6 +20,14 @@ END
 $$;
 
 GRANT pg_monitor TO outbox_slotwatch;
+
+-- PUBLIC may connect by default, but hardened databases revoke that (CIS
+-- benchmarks, some managed services' templates): say it explicitly.
+DO $$
+BEGIN
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO outbox_connector, outbox_slotwatch', current_database());
+END
+$$;
 
 GRANT USAGE ON SCHEMA public TO outbox_connector;
 GRANT SELECT ON public.outbox TO outbox_connector;                       -- initial snapshot

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/url"
 	"regexp"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
+	"github.com/pgoutbox/pgoutbox/internal/webconfig"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
 
@@ -36,8 +38,12 @@ type Config struct {
 	// connector's back (OUTBOX_ACCEPT_SLOT_RESET, default false).
 	AcceptSlotReset bool
 	// HTTPAddr serves /metrics, /healthz, /readyz, /leader (OUTBOX_HTTP_ADDR,
-	// default 127.0.0.1:9189; empty disables).
+	// default 127.0.0.1:9189, loopback only; "off" disables the endpoint).
 	HTTPAddr string
+	// HTTPWebConfig is a Prometheus exporter-toolkit web configuration file
+	// that turns on TLS and basic authentication for every HTTP path
+	// (OUTBOX_HTTP_WEB_CONFIG, default none: plain HTTP, no authentication).
+	HTTPWebConfig string
 	// DLQTopic receives events that cannot be routed (OUTBOX_DLQ_TOPIC, default outbox.dlq).
 	DLQTopic string
 	// StatusInterval is how often the confirmed position is sent
@@ -104,13 +110,15 @@ type Config struct {
 // Bind registers every setting on fs with getenv supplying defaults.
 func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Binder {
 	b := iconfig.NewBinder(fs, getenv)
-	b.String(&c.PGDSN, "pg-dsn", "OUTBOX_PG_DSN", "", "PostgreSQL connection string (libpq URL or key=value)")
+	// A secret: -help must not print the password as the flag's default.
+	b.Secret(&c.PGDSN, "pg-dsn", "OUTBOX_PG_DSN", "PostgreSQL connection string (libpq URL or key=value)")
 	b.String(&c.Slot, "slot", "OUTBOX_SLOT", "outbox_slot", "logical replication slot")
 	b.String(&c.Publication, "publication", "OUTBOX_PUBLICATION", "outbox_pub", "publication to stream")
 	b.String(&c.Table, "table", "OUTBOX_TABLE", "public.outbox", "outbox table, schema-qualified")
 	b.String(&c.Snapshot, "snapshot", "OUTBOX_SNAPSHOT", "initial", "initial: publish rows already in the table when the slot is created; never: do not")
 	b.Bool(&c.AcceptSlotReset, "accept-slot-reset", "OUTBOX_ACCEPT_SLOT_RESET", false, "continue on a slot that was recreated or advanced behind the connector's back (events may have been skipped)")
-	b.String(&c.HTTPAddr, "http-addr", "OUTBOX_HTTP_ADDR", "127.0.0.1:9189", "address for /metrics, /healthz, /readyz, /leader (empty disables)")
+	b.String(&c.HTTPAddr, "http-addr", "OUTBOX_HTTP_ADDR", "127.0.0.1:9189", "address for /metrics, /healthz, /readyz, /leader; off disables them")
+	b.String(&c.HTTPWebConfig, "http-web-config", "OUTBOX_HTTP_WEB_CONFIG", "", "web configuration file (Prometheus exporter-toolkit format) for TLS and basic auth of the HTTP endpoints")
 	b.String(&c.DLQTopic, "dlq-topic", "OUTBOX_DLQ_TOPIC", "outbox.dlq", "dead-letter topic")
 	b.Duration(&c.StatusInterval, "status-interval", "OUTBOX_STATUS_INTERVAL", time.Second, "how often the confirmed LSN is sent to PostgreSQL")
 	b.Duration(&c.StallTimeout, "stall-timeout", "OUTBOX_STALL_TIMEOUT", time.Minute, "/healthz fails when events are in flight and nothing was acked for this long")
@@ -154,7 +162,13 @@ func (c *Config) Validate() error {
 	if c.PGDSN == "" {
 		errs = append(errs, errors.New("OUTBOX_PG_DSN: missing; set it to postgres://user@host:5432/db"))
 	} else if _, err := pgconn.ParseConfig(c.PGDSN); err != nil {
-		errs = append(errs, fmt.Errorf("OUTBOX_PG_DSN: malformed connection string: %s", RedactError(err, c.PGDSN)))
+		what := "malformed connection string"
+		if strings.Contains(err.Error(), "failed to configure TLS") {
+			// pgconn reads sslrootcert, sslcert and sslkey while parsing:
+			// a missing file is not a syntax error, say which it is.
+			what = "its TLS settings (sslmode, sslrootcert, sslcert, sslkey) cannot be used"
+		}
+		errs = append(errs, fmt.Errorf("OUTBOX_PG_DSN: %s: %s", what, RedactError(err, c.PGDSN)))
 	}
 	// The slot and publication names reach replication commands that
 	// pglogrepl builds with Sprintf: allow only plain identifiers.
@@ -202,6 +216,14 @@ func (c *Config) Validate() error {
 	if _, err := ParseTopicConfigs(c.TopicConfigs); err != nil {
 		errs = append(errs, fmt.Errorf("OUTBOX_TOPIC_CONFIGS: %w", err))
 	}
+	if c.HTTPEnabled() {
+		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("OUTBOX_HTTP_ADDR: %q is not host:port; use e.g. 127.0.0.1:9189, or off to disable the endpoint", c.HTTPAddr))
+		}
+		if err := webconfig.Check("OUTBOX_HTTP_WEB_CONFIG", c.HTTPWebConfig); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.DLQTopic == "" {
 		errs = append(errs, errors.New("OUTBOX_DLQ_TOPIC: empty; set a topic name such as outbox.dlq"))
 	}
@@ -217,6 +239,14 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// HTTPEnabled reports whether the HTTP endpoint is on: OUTBOX_HTTP_ADDR=off
+// turns it off. (An empty environment variable means the default, like every
+// setting's; an empty -http-addr flag, or an empty HTTPAddr set in code, also
+// means off.)
+func (c *Config) HTTPEnabled() bool {
+	return c.HTTPAddr != webconfig.Off && c.HTTPAddr != ""
 }
 
 // SplitTable splits schema.table; a bare name is in public.

@@ -133,23 +133,152 @@ func (b *Binder) Bool(p *bool, flagName, env string, def bool, help string) {
 	b.fs.BoolVar(p, flagName, def, usage(help, env))
 }
 
-// CheckUnknownEnv returns an error for every environment variable that starts
-// with one of prefixes but is not among known (nor a known name + "_FILE"):
-// a typo in a setting must not be silently ignored.
-func CheckUnknownEnv(environ []string, prefixes []string, known []string) error {
-	set := make(map[string]bool, len(known)*2)
-	for _, k := range known {
-		set[k] = true
-		set[k+"_FILE"] = true
+// Tooling lists the variables under the binaries' prefixes that belong to
+// the project's scripts and tests, not to a binary: a developer's shell that
+// exports them (make test, make up) must still start the binaries. A name
+// ending in "_" stands for every name that starts with it.
+var Tooling = []string{
+	"OUTBOX_TEST_",             // the test suite's services (OUTBOX_TEST_KAFKA_BROKERS, ...)
+	"OUTBOX_BENCH_",            // make bench
+	"OUTBOX_SOAK",              // make soak
+	"OUTBOX_SOAK_",             // make soak
+	"OUTBOX_CACHE_DIR",         // scripts/: where Kafka, the registry and the stack live
+	"OUTBOX_STACK_",            // scripts/stack.sh (make up)
+	"OUTBOX_FENCING_",          // the fencing-cost test
+	"OUTBOX_HA_LOGS",           // the HA test
+	"SLOTWATCH_SCREENSHOT_DIR", // the status page screenshot test
+}
+
+// EnvRule says which environment variables belong to a binary.
+type EnvRule struct {
+	// Prefixes are the namespaces the binary owns (OUTBOX_, SLOTWATCH_).
+	Prefixes []string
+	// Others are namespaces inside Prefixes that another binary owns and
+	// checks (OUTBOX_ROUTER_ for the connector): an environment shared by
+	// two binaries must start both.
+	Others []string
+	// Known are the settings the binary reads; NAME_FILE of each is known
+	// too (the secret-file form), except for those in NoFile.
+	Known []string
+	// NoFile are the Known settings read without a _FILE form (not bound
+	// through a Binder): NAME_FILE of one would be silently ignored.
+	NoFile []string
+}
+
+// CheckUnknownEnv refuses every variable of environ ("NAME=value") that is
+// in one of the rule's namespaces but is neither a setting the binary reads
+// (nor its _FILE form), another binary's, nor Tooling: a typo in a setting
+// (OUTBOX_KAFKA_BROKER) must not be silently ignored while the binary runs
+// on a default. Each refused name is one line, with the closest known
+// setting when one is close enough to be the likely intent.
+func CheckUnknownEnv(environ []string, rule EnvRule) error {
+	set := make(map[string]bool, len(rule.Known)*2)
+	noFile := make(map[string]bool, len(rule.NoFile))
+	for _, k := range rule.NoFile {
+		noFile[k] = true
 	}
-	var errs []error
-	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		for _, p := range prefixes {
-			if strings.HasPrefix(name, p) && !set[name] {
-				errs = append(errs, fmt.Errorf("%s: unknown setting; see -help for the settings this binary reads", name))
-			}
+	for _, k := range rule.Known {
+		set[k] = true
+		if !noFile[k] {
+			set[k+"_FILE"] = true
 		}
 	}
+	var errs []error
+	seen := map[string]bool{}
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if seen[name] || set[name] || !hasPrefix(name, rule.Prefixes) || hasPrefix(name, rule.Others) || isTooling(name) {
+			continue
+		}
+		seen[name] = true
+		if base, ok := strings.CutSuffix(name, "_FILE"); ok && noFile[base] {
+			errs = append(errs, fmt.Errorf("%s: %s has no _FILE form; set %s itself", name, base, base))
+			continue
+		}
+		msg := name + ": unknown setting"
+		if s := closest(name, rule.Known); s != "" && !(noFile[strings.TrimSuffix(s, "_FILE")] && strings.HasSuffix(s, "_FILE")) {
+			msg += "; did you mean " + s + "?"
+		}
+		errs = append(errs, errors.New(msg+" (-help lists the settings; unset it to start)"))
+	}
 	return errors.Join(errs...)
+}
+
+func hasPrefix(name string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func isTooling(name string) bool {
+	for _, t := range Tooling {
+		if name == t || (strings.HasSuffix(t, "_") && strings.HasPrefix(name, t)) {
+			return true
+		}
+	}
+	return false
+}
+
+// closest is the known setting nearest to name by edit distance, if it is
+// near enough to be a typo: at most a third of the name's length past the
+// shared prefix, and never more than 4 edits. NAME_FILE is matched as NAME.
+func closest(name string, known []string) string {
+	base, suffix := name, ""
+	if b, ok := strings.CutSuffix(name, "_FILE"); ok {
+		base, suffix = b, "_FILE"
+	}
+	best, bestD := "", 0
+	for _, k := range known {
+		d := distance(base, k)
+		if best == "" || d < bestD || (d == bestD && k < best) {
+			best, bestD = k, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	// Compare only the part after the shared prefix (OUTBOX_, SLOTWATCH_),
+	// which every candidate has and which would make any name look close.
+	rest := len(base) - commonPrefix(base, best)
+	limit := min(4, max(1, rest/3+1))
+	if bestD > limit {
+		return ""
+	}
+	return best + suffix
+}
+
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	// Back up to the last underscore: OUTBOX_KAFKA_ is shared, a letter is not.
+	if i := strings.LastIndexByte(a[:n], '_'); i >= 0 {
+		return i + 1
+	}
+	return 0
+}
+
+// distance is the Levenshtein distance between a and b (ASCII names).
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

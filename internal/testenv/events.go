@@ -111,9 +111,16 @@ type Consumer struct {
 // StartConsumer consumes topics (read_committed) until the test ends.
 func StartConsumer(t testing.TB, brokers string, topics ...string) *Consumer {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ConsumeTopics(topics...),
+	return StartConsumerWith(t, []kgo.Opt{kgo.SeedBrokers(brokers)}, topics...)
+}
+
+// StartConsumerWith is StartConsumer with the client's connection options
+// (seed brokers, TLS, SASL).
+func StartConsumerWith(t testing.TB, conn []kgo.Opt, topics ...string) *Consumer {
+	t.Helper()
+	cl, err := kgo.NewClient(append(conn, kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.MetadataMinAge(250*time.Millisecond),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
 	if err != nil {
 		t.Fatal(err)
 	}

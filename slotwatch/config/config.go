@@ -14,6 +14,7 @@ import (
 	"time"
 
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/webconfig"
 )
 
 // Defaults. Thresholds are chosen for a production primary whose relay
@@ -49,6 +50,10 @@ type Config struct {
 	// Listen is the HTTP address for /metrics, /healthz, /slots and the status
 	// page (SLOTWATCH_LISTEN, default 127.0.0.1:9188).
 	Listen string
+	// WebConfig is a Prometheus exporter-toolkit web configuration file that
+	// turns on TLS and basic authentication for every HTTP path
+	// (SLOTWATCH_WEB_CONFIG, default none: plain HTTP, no authentication).
+	WebConfig string
 	// Interval is how often every server is queried (SLOTWATCH_INTERVAL,
 	// default 10s).
 	Interval time.Duration
@@ -112,6 +117,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b := iconfig.NewBinder(fs, getenv)
 	b.Secret(&c.DSN, "pg-dsn", "SLOTWATCH_PG_DSN", "PostgreSQL connection strings to watch, separated by commas or spaces; name=postgres://… names one")
 	b.String(&c.Listen, "listen", "SLOTWATCH_LISTEN", DefaultListen, "address for /metrics, /healthz, /slots and the status page")
+	b.String(&c.WebConfig, "web-config", "SLOTWATCH_WEB_CONFIG", "", "web configuration file (Prometheus exporter-toolkit format) for TLS and basic auth of the HTTP endpoints")
 	b.Duration(&c.Interval, "interval", "SLOTWATCH_INTERVAL", DefaultInterval, "how often every server is queried")
 	b.Duration(&c.Timeout, "timeout", "SLOTWATCH_TIMEOUT", DefaultTimeout, "deadline of one collection, connecting included")
 	b.Duration(&c.RateWindow, "rate-window", "SLOTWATCH_RATE_WINDOW", DefaultRateWindow, "window of the WAL rate used for time to invalidation")
@@ -173,6 +179,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("SLOTWATCH_LISTEN: %q is not host:port; use e.g. %s or :9188", c.Listen, DefaultListen))
+	}
+	if err := webconfig.Check("SLOTWATCH_WEB_CONFIG", c.WebConfig); err != nil {
+		errs = append(errs, err)
 	}
 	positive := []struct {
 		env string
@@ -260,7 +269,8 @@ func (c *Config) AlertmanagerURLs() []string {
 	return out
 }
 
-// GeneratorURL is ExternalURL, or the listen address as a URL.
+// GeneratorURL is ExternalURL, or the listen address as a URL (https when
+// the web config turns TLS on).
 func (c *Config) GeneratorURL() string {
 	if c.ExternalURL != "" {
 		return c.ExternalURL
@@ -272,7 +282,7 @@ func (c *Config) GeneratorURL() string {
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "localhost"
 	}
-	return "http://" + net.JoinHostPort(host, port) + "/"
+	return webconfig.Scheme(c.WebConfig) + "://" + net.JoinHostPort(host, port) + "/"
 }
 
 func checkHTTPURL(raw string) error {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -183,6 +185,30 @@ func TestEnvVars(t *testing.T) {
 	for _, v := range got {
 		if !strings.HasPrefix(v, "SLOTWATCH_") {
 			t.Errorf("%s is not a SLOTWATCH_ variable", v)
+		}
+	}
+}
+
+// TestGeneratorURLScheme: alerts link to https when the web config turns TLS
+// on, and to the listen address with localhost for a wildcard host.
+func TestGeneratorURLScheme(t *testing.T) {
+	dir := t.TempDir()
+	tlsFile := filepath.Join(dir, "tls.yml")
+	authFile := filepath.Join(dir, "auth.yml")
+	if err := os.WriteFile(tlsFile, []byte("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(authFile, []byte("basic_auth_users:\n  a: $2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ listen, web, want string }{
+		{"0.0.0.0:9188", "", "http://localhost:9188/"},
+		{"127.0.0.1:9188", tlsFile, "https://127.0.0.1:9188/"},
+		{":9188", authFile, "http://localhost:9188/"},
+	} {
+		c := Config{Listen: tc.listen, WebConfig: tc.web}
+		if got := c.GeneratorURL(); got != tc.want {
+			t.Errorf("listen %s, web config %q: %s, want %s", tc.listen, tc.web, got, tc.want)
 		}
 	}
 }

@@ -31,7 +31,13 @@ type Target struct {
 func NewTarget(name, dsn string) (Target, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return Target{}, fmt.Errorf("malformed connection string %s: %s", RedactDSN(dsn), redact(err.Error(), dsn, ""))
+		what := "malformed connection string"
+		if strings.Contains(err.Error(), "failed to configure TLS") {
+			// pgconn reads sslrootcert, sslcert and sslkey while parsing:
+			// a missing file is not a syntax error, say which it is.
+			what = "TLS settings (sslmode, sslrootcert, sslcert, sslkey) that cannot be used in"
+		}
+		return Target{}, fmt.Errorf("%s %s: %s", what, RedactDSN(dsn), redact(err.Error(), dsn, ""))
 	}
 	t := Target{Name: name, Database: cfg.Database, dsn: dsn, password: cfg.Password}
 	if t.Name == "" {
