@@ -72,6 +72,9 @@ type Producer struct {
 	pubVecs sync.Map // topic -> prometheus.Counter, to skip label hashing per event
 
 	txn txnState // transactional mode: the open Kafka transaction
+
+	promise func(*kgo.Record, error) // idemPromise, made once
+	slab    []recEvent
 }
 
 type pending struct {
@@ -272,8 +275,35 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) e
 	if p.cfg.Transactional {
 		return p.sendTxn(ctx, ev, rec, "", false)
 	}
-	p.client.Produce(ctx, rec, func(r *kgo.Record, err error) { p.done(ev, r, err) })
+	if p.promise == nil {
+		p.promise = p.idemPromise
+	}
+	if len(p.slab) == 0 {
+		p.slab = make([]recEvent, 1024)
+	}
+	re := &p.slab[0]
+	p.slab = p.slab[1:]
+	*re = recEvent{Context: ctx, ev: ev}
+	rec.Context = re
+	p.client.Produce(ctx, rec, p.promise)
 	return nil
+}
+
+// recEvent is a record's context without transactions: the context it was
+// produced with, and its event. They are cut from a shared slab, so a record
+// costs no promise closure of its own.
+type recEvent struct {
+	context.Context
+	ev wal.Event
+}
+
+// idemPromise is the promise of every record produced without a
+// transaction.
+func (p *Producer) idemPromise(r *kgo.Record, err error) {
+	re := r.Context.(*recEvent)
+	ev := re.ev
+	re.ev = wal.Event{} // the slab outlives the event
+	p.done(ev, r, err)
 }
 
 // done is the promise: it must not block (franz-go calls promises serially).
@@ -356,6 +386,9 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 		return nil
 	}
 	if !p.cfg.TopicCreate {
+		if err := p.checkTopicLimit(ctx, topic); err != nil {
+			return err
+		}
 		p.topics[topic] = true
 		return nil
 	}
@@ -368,9 +401,11 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 		switch {
 		case err == nil:
 			p.log.Info("created topic", "topic", topic, "partitions", p.cfg.TopicPartitions)
-			p.topics[topic] = true
-			return nil
+			fallthrough
 		case errors.Is(err, kerr.TopicAlreadyExists):
+			if err := p.checkTopicLimit(ctx, topic); err != nil {
+				return err
+			}
 			p.topics[topic] = true
 			return nil
 		case isFatalKafka(err):
@@ -386,6 +421,37 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
+}
+
+// checkTopicLimit refuses a topic whose max.message.bytes is below
+// OUTBOX_KAFKA_MAX_MESSAGE_BYTES: the producer fills batches up to the
+// latter, and Kafka would reject whole batches of small records for that
+// topic again and again. A topic whose settings cannot be read (no
+// DESCRIBE_CONFIGS permission, not created yet) is let through.
+func (p *Producer) checkTopicLimit(ctx context.Context, topic string) error {
+	rcs, err := p.admin.DescribeTopicConfigs(ctx, topic)
+	if err == nil {
+		var rc kadm.ResourceConfig
+		rc, err = rcs.On(topic, nil)
+		if err == nil {
+			err = rc.Err
+		}
+		if err == nil {
+			for _, c := range rc.Configs {
+				if c.Key != "max.message.bytes" || c.Value == nil {
+					continue
+				}
+				limit, perr := strconv.Atoi(*c.Value)
+				if perr == nil && limit < p.cfg.MaxMessageBytes {
+					return &wal.FatalError{Msg: fmt.Sprintf("topic %q accepts record batches of at most %d bytes (its max.message.bytes), below OUTBOX_KAFKA_MAX_MESSAGE_BYTES=%d; raise the topic's max.message.bytes (kafka-configs --alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d) or lower OUTBOX_KAFKA_MAX_MESSAGE_BYTES to %d",
+						topic, limit, p.cfg.MaxMessageBytes, topic, p.cfg.MaxMessageBytes, limit)}
+				}
+			}
+			return nil
+		}
+	}
+	p.log.Debug("could not read the topic's max.message.bytes", "topic", topic, "err", err)
+	return nil
 }
 
 // deadLetter produces the DLQ record for an event; a DLQ record too large

@@ -106,7 +106,6 @@ func poisonKey(topic string, row *route.Row) string {
 
 type txnRec struct {
 	ev       wal.Event
-	rec      *kgo.Record // to match a failed promise to its entry
 	topic    string
 	intended string // for a DLQ record, the topic the event was meant for
 	dlq      bool
@@ -117,11 +116,13 @@ type txnState struct {
 	open    bool
 	started time.Time
 	recs    []txnRec
-	// failed holds the records whose promise reported an error, under
-	// Producer.mu. Every record shares one promise (txnPromise), so a
-	// record costs no closure: errors are rare and matched at the commit.
-	failed  map[*kgo.Record]error
+	// failed holds the errors of the records whose promise reported one,
+	// by their index in recs, under Producer.mu. Every record shares one
+	// promise (txnPromise), so a record costs no closure; its context
+	// carries its index (recIndex, from slab).
+	failed  map[int]error
 	promise func(*kgo.Record, error)
+	slab    []recIndex
 	timer   *time.Timer
 	// linger is the age before which a transaction commits only at
 	// TxnMaxRecords: zero under light load, four times the last commit's
@@ -210,12 +211,28 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, rec *kgo.Record, i
 			p.txn.timer.Reset(p.cfg.TxnInterval)
 		}
 	}
-	p.txn.recs = append(p.txn.recs, txnRec{ev: ev, rec: rec, topic: rec.Topic, intended: intended, dlq: dlq, size: size})
+	p.txn.recs = append(p.txn.recs, txnRec{ev: ev, topic: rec.Topic, intended: intended, dlq: dlq, size: size})
 	if p.txn.promise == nil {
 		p.txn.promise = p.txnPromise
 	}
+	if len(p.txn.slab) == 0 {
+		p.txn.slab = make([]recIndex, 1024)
+	}
+	ri := &p.txn.slab[0]
+	p.txn.slab = p.txn.slab[1:]
+	*ri = recIndex{Context: ctx, i: len(p.txn.recs) - 1}
+	rec.Context = ri
 	p.client.Produce(ctx, rec, p.txn.promise)
 	return nil
+}
+
+// recIndex is a record's context in a transaction: the context it was
+// produced with, and its index in the transaction's records. They are cut
+// from a shared slab, so a record costs no allocation of its own, and the
+// records are not kept after Kafka acknowledged them.
+type recIndex struct {
+	context.Context
+	i int
 }
 
 // txnPromise is the promise of every record produced in a transaction.
@@ -223,11 +240,15 @@ func (p *Producer) txnPromise(r *kgo.Record, err error) {
 	if err == nil {
 		return
 	}
+	i := -1 // not produced by sendTxn (cannot happen): fails the transaction
+	if ri, ok := r.Context.(*recIndex); ok {
+		i = ri.i
+	}
 	p.mu.Lock()
 	if p.txn.failed == nil {
-		p.txn.failed = map[*kgo.Record]error{}
+		p.txn.failed = map[int]error{}
 	}
-	p.txn.failed[r] = err
+	p.txn.failed[i] = err
 	p.mu.Unlock()
 }
 
@@ -309,12 +330,12 @@ func (p *Producer) recordErrors() error {
 		return nil
 	}
 	defer clear(p.txn.failed)
-	var first error
+	first := p.txn.failed[-1]
 	var largest *txnRec
 	var largestErr error
 	for i := range p.txn.recs {
 		r := &p.txn.recs[i]
-		err := p.txn.failed[r.rec]
+		err := p.txn.failed[i]
 		switch {
 		case err == nil:
 			continue
