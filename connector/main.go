@@ -87,6 +87,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := errors.Join(b.Err(), cfg.Validate()); err != nil {
 		return err
 	}
+	memLimit := publish.SetMemoryLimit(getenv, cfg.MaxMessageBytes)
 	base := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
 	log := base.With("component", "connector")
 	if redriveFrom != "" {
@@ -122,7 +123,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		tls, users := webconfig.Summary(cfg.HTTPWebConfig)
 		log.Info("serving /metrics, /healthz, /readyz, /leader", "addr", ln.Addr().String(), "tls", tls, "basic_auth_users", users)
 	}
-	log.Info("starting", "pg", config.RedactDSN(cfg.PGDSN), "kafka", cfg.Kafka.Brokers, "slot", cfg.Slot, "publication", cfg.Publication, "table", cfg.Table)
+	log.Info("starting", "pg", config.RedactDSN(cfg.PGDSN), "kafka", cfg.Kafka.Brokers, "slot", cfg.Slot, "publication", cfg.Publication, "table", cfg.Table,
+		"memory_limit", memoryLimitText(memLimit))
 	// Run competes for the slot's lease, leads while it holds it, and at
 	// SIGTERM stops gracefully and releases the lease.
 	err = r.Run(ctx)
@@ -220,4 +222,12 @@ func redriveCmd(ctx context.Context, cfg config.Config, from, group string, log 
 		return fmt.Errorf("%d dead letters still cannot be published; they are kept (see the log for why)", res.Failed)
 	}
 	return nil
+}
+
+// memoryLimitText says which soft memory limit the Go runtime has.
+func memoryLimitText(set int64) string {
+	if set == 0 {
+		return "GOMEMLIMIT"
+	}
+	return fmt.Sprintf("%dMiB", set>>20)
 }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/connector/config"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
+	"github.com/pgoutbox/pgoutbox/connector/publish"
 	"github.com/pgoutbox/pgoutbox/connector/relay"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
@@ -63,6 +64,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err := errors.Join(b.Err(), cfg.Validate()); err != nil {
 		return err
 	}
+	// The same soft memory limit as the connector's.
+	publish.SetMemoryLimit(getenv, cfg.MaxMessageBytes)
 	cpuPath, heapPath, statsPath := getenv("BENCH_CPU_PROFILE"), getenv("BENCH_HEAP_PROFILE"), getenv("BENCH_STATS")
 	if cpuPath == "" || heapPath == "" || statsPath == "" {
 		return errors.New("BENCH_CPU_PROFILE, BENCH_HEAP_PROFILE and BENCH_STATS: set all three to file paths")

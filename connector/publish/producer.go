@@ -107,7 +107,7 @@ func ClientOpts(maxBuffered, maxMessageBytes int, compression string, linger tim
 		kgo.MaxBufferedRecords(maxBuffered),
 		// Records are bounded in bytes too, so large payloads cannot grow
 		// the heap past a few batches' worth.
-		kgo.MaxBufferedBytes(max(minBufferedBytes, 4*maxMessageBytes)),
+		kgo.MaxBufferedBytes(BufferedBytes(maxMessageBytes)),
 		kgo.ProducerBatchMaxBytes(int32(maxMessageBytes)),
 		kgo.ProducerBatchCompression(codec),
 		kgo.ProducerLinger(linger),
