@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -61,15 +60,7 @@ func TestDebeziumServerCutover(t *testing.T) {
 	if os.Getenv("OUTBOX_SOAK") != "1" {
 		t.Skip("make soak only (OUTBOX_SOAK=1): downloads Debezium Server once (~780 MB)")
 	}
-	out, err := exec.Command(filepath.Join(testenv.RepoRoot(), "bench", "debezium", "install.sh")).Output()
-	if err != nil {
-		t.Fatalf("install Debezium Server: %v", err)
-	}
-	home := strings.TrimSpace(string(out))
-	java, _, err := testenv.FindJava("", 21)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbz := testenv.InstallDebeziumServer(t)
 	pg := testenv.StartPostgres(t, testenv.PGOptions{})
 	brokers := testenv.SharedKafka(t)
 	ctx := context.Background()
@@ -102,19 +93,11 @@ func TestDebeziumServerCutover(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config", "application.properties"), []byte(props), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	runners, _ := filepath.Glob(filepath.Join(home, "debezium-server-*-runner.jar"))
-	if len(runners) == 0 {
-		t.Fatalf("no runner jar in %s", home)
-	}
-	cp := strings.Join([]string{runners[0], filepath.Join(home, "config", "lib"), filepath.Join(home, "lib", "*")}, ":")
-	cmd := exec.Command(java, "-cp", cp, "io.debezium.server.Main")
-	cmd.Dir = dir
 	logf, err := os.Create(filepath.Join(dir, "debezium.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "JAVA_HOME="+filepath.Dir(filepath.Dir(java)))
+	cmd := dbz.Command(t, dir, logf)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

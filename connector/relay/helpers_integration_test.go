@@ -42,7 +42,13 @@ type running struct {
 
 func startRelay(t testing.TB, cfg config.Config) *running {
 	t.Helper()
-	router, err := route.New(route.DefaultConfig())
+	return startRelayRouting(t, cfg, route.DefaultConfig())
+}
+
+// startRelayRouting is startRelay with the router's configuration.
+func startRelayRouting(t testing.TB, cfg config.Config, rcfg route.Config) *running {
+	t.Helper()
+	router, err := route.New(rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

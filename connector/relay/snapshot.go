@@ -74,7 +74,9 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 		row := &route.Row{Columns: make([]route.Column, len(fields)), Source: route.Source{CommitLSN: at, Table: r.schema + "." + r.table}}
 		for i, f := range fields {
 			c := &row.Columns[i]
-			c.Name, c.Type = f.Name, f.DataTypeOID
+			// RowDescription carries the column's atttypmod, as pgoutput's
+			// Relation message does.
+			c.Name, c.Type, c.TypeMod, c.HasTypeMod = f.Name, f.DataTypeOID, f.TypeModifier, true
 			if raw[i] == nil {
 				c.Null = true
 			} else {

@@ -137,6 +137,10 @@ type Relation struct {
 type RelationColumn struct {
 	Name string
 	Type uint32
+	// TypeMod is the column's atttypmod: -1 when the type has no modifier,
+	// ((precision<<16)|scale)+4 for numeric(precision, scale). The router
+	// needs it to give a numeric column Debezium's schema.
+	TypeMod int32
 }
 
 // TupleColumn is one column value of a tuple; Data aliases the message.
@@ -191,8 +195,8 @@ func decodeRelation(b []byte) (*Relation, error) {
 		r.u8("column flags")
 		name := string(r.str("column name"))
 		typ := r.u32("column type")
-		r.u32("column type modifier")
-		rel.Columns = append(rel.Columns, RelationColumn{Name: name, Type: typ})
+		mod := int32(r.u32("column type modifier"))
+		rel.Columns = append(rel.Columns, RelationColumn{Name: name, Type: typ, TypeMod: mod})
 	}
 	return rel, r.err
 }

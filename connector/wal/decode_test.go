@@ -199,13 +199,13 @@ func TestDecodeRelation(t *testing.T) {
 		want *Relation
 	}{
 		{"outbox", benchRelation()[1:], &Relation{ID: benchRelID, Namespace: "public", Name: "outbox", Columns: []RelationColumn{
-			{"id", 2950}, {"aggregatetype", 1043}, {"aggregateid", 1043}, {"type", 1043}, {"payload", 3802}, {"created_at", 1184},
+			{"id", 2950, -1}, {"aggregatetype", 1043, -1}, {"aggregateid", 1043, -1}, {"type", 1043, -1}, {"payload", 3802, -1}, {"created_at", 1184, -1},
 		}}},
 		{"pg_catalog (empty namespace), no columns", wire(uint32(1259), cstr(""), cstr("pg_class"), byte('n'), uint16(0)),
 			&Relation{ID: 1259, Namespace: "", Name: "pg_class", Columns: []RelationColumn{}}},
-		{"key flag, type modifier, unicode names", wire(uint32(0xFFFFFFFF), cstr("schéma"), cstr("表"), byte('f'), uint16(2),
-			col(1, "clé", 23, 0xFFFFFFFF), col(0, "名前", 1043, 259)),
-			&Relation{ID: 0xFFFFFFFF, Namespace: "schéma", Name: "表", Columns: []RelationColumn{{"clé", 23}, {"名前", 1043}}}},
+		{"key flag, type modifier, unicode names", wire(uint32(0xFFFFFFFF), cstr("schéma"), cstr("表"), byte('f'), uint16(3),
+			col(1, "clé", 23, 0xFFFFFFFF), col(0, "名前", 1043, 259), col(0, "prix", 1700, (10<<16|2)+4)),
+			&Relation{ID: 0xFFFFFFFF, Namespace: "schéma", Name: "表", Columns: []RelationColumn{{"clé", 23, -1}, {"名前", 1043, 259}, {"prix", 1700, 655366}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -682,7 +682,8 @@ func checkScenario(t *testing.T, msgs []peeked, commitTime func(time.Time) bool)
 	if outbox == nil || other == nil {
 		t.Fatalf("relations %v: want public.outbox and public.decode_other", d.rels)
 	}
-	wantOutbox := []RelationColumn{{"id", 2950}, {"aggregatetype", 1043}, {"aggregateid", 1043}, {"type", 1043}, {"payload", 3802}, {"created_at", 1184}}
+	// varchar(255) is atttypmod 259; the others have no modifier.
+	wantOutbox := []RelationColumn{{"id", 2950, -1}, {"aggregatetype", 1043, 259}, {"aggregateid", 1043, 259}, {"type", 1043, 259}, {"payload", 3802, -1}, {"created_at", 1184, -1}}
 	if !reflect.DeepEqual(outbox.Columns, wantOutbox) {
 		t.Errorf("outbox columns %v, want %v", outbox.Columns, wantOutbox)
 	}
@@ -692,7 +693,7 @@ func checkScenario(t *testing.T, msgs []peeked, commitTime func(time.Time) bool)
 			mood = oid
 		}
 	}
-	if wantOther := []RelationColumn{{"id", 23}, {"mood", mood}, {"note", 25}}; mood == 0 || !reflect.DeepEqual(other.Columns, wantOther) {
+	if wantOther := []RelationColumn{{"id", 23, -1}, {"mood", mood, -1}, {"note", 25, -1}}; mood == 0 || !reflect.DeepEqual(other.Columns, wantOther) {
 		t.Errorf("decode_other columns %v (types %v), want %v", other.Columns, d.types, wantOther)
 	}
 
@@ -970,8 +971,8 @@ func fuzzRelation(t *testing.T, in []byte) {
 		r.u8() // flags
 		name := string(r.cstr())
 		typ := r.u32()
-		r.u32() // type modifier
-		want.Columns = append(want.Columns, RelationColumn{Name: name, Type: typ})
+		mod := int32(r.u32())
+		want.Columns = append(want.Columns, RelationColumn{Name: name, Type: typ, TypeMod: mod})
 	}
 	if !agree(t, "relation", in, err, !r.short) {
 		return

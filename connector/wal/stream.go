@@ -373,6 +373,7 @@ func (s *Stream) row(rel *relation, cols []TupleColumn, lsn uint64) (*route.Row,
 		rc := &row.Columns[i]
 		rc.Name = rel.Columns[i].Name
 		rc.Type = rel.Columns[i].Type
+		rc.TypeMod, rc.HasTypeMod = rel.Columns[i].TypeMod, true
 		switch c.Kind {
 		case 'n', 'u':
 			rc.Null = true

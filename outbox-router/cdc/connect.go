@@ -97,6 +97,28 @@ func oidOf(t connectType) uint32 {
 	return route.OIDText
 }
 
+// typeMod is the PostgreSQL type modifier Debezium's schema tells of a
+// numeric column, so that the router gives the column the same schema: a
+// VariableScaleDecimal is an unconstrained numeric; a Decimal with
+// connect.decimal.precision (Debezium adds it for numeric(p,s)) is
+// numeric(p,s). A Decimal without precision (another producer) leaves the
+// declaration unknown.
+func typeMod(t connectType) (int32, bool) {
+	switch t.Name {
+	case nameVarScaleDecimal:
+		return route.NoTypeMod, true
+	case nameDecimal:
+		p, err1 := strconv.Atoi(t.Params["connect.decimal.precision"])
+		s, err2 := strconv.Atoi(t.Params["scale"])
+		// PostgreSQL's bounds: precision 1 to 1000, scale -1000 to 1000.
+		if err1 != nil || err2 != nil || p < 1 || p > maxScale || checkScale(s) != nil {
+			return 0, false
+		}
+		return route.NumericTypeMod(p, s), true
+	}
+	return 0, false
+}
+
 // decimalValue is a Connect Decimal or VariableScaleDecimal: the unscaled
 // value and the scale.
 type decimalValue struct {
@@ -114,6 +136,7 @@ type rawJSON []byte
 // int64, float64, string, []byte, decimalValue or rawJSON.
 func column(name string, t connectType, v any) (route.Column, error) {
 	c := route.Column{Name: name, Type: oidOf(t)}
+	c.TypeMod, c.HasTypeMod = typeMod(t)
 	if v == nil {
 		c.Null = true
 		return c, nil

@@ -139,7 +139,7 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 	} else {
 		var text []byte
 		if envSchema == nil {
-			text = appendAvroJSON(nil, pc, pv)
+			text = appendAvroJSON(nil, pc, nil, pv)
 		} else {
 			text = append(text, '{')
 			for i, f := range envSchema.fields {
@@ -149,9 +149,9 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 				text = appendJSONStr(text, f.name)
 				text = append(text, ':')
 				if i == 0 {
-					text = appendAvroJSON(text, pc, &envVal.list[0])
+					text = appendAvroJSON(text, pc, nil, &envVal.list[0])
 				} else {
-					text = appendAvroJSON(text, nil, &envVal.list[i])
+					text = appendAvroJSON(text, nil, f.schema, &envVal.list[i])
 				}
 			}
 			text = append(text, '}')
@@ -177,16 +177,40 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 // appendAvroJSON writes a value as the JSON the Avro conversion reads: a
 // json/jsonb payload as its JSON text, bytes as Avro's JSON encoding of
 // bytes (one code point per byte), everything else as JsonConverter would.
-func appendAvroJSON(dst []byte, c *Column, v *dval) []byte {
+// A numeric column whose declaration is known (s is its schema) is written
+// as Confluent's AvroConverter writes Debezium's: a VariableScaleDecimal as
+// the record {"scale": int, "value": bytes}, a Decimal of known precision as
+// the bytes of its unscaled value (Avro's decimal logical type). Without
+// the declaration a numeric stays a JSON number (fits a double).
+func appendAvroJSON(dst []byte, c *Column, s *cschema, v *dval) []byte {
 	switch {
 	case v.kind == dStr && c != nil && kindOf(c.Type) == kJSON:
 		return append(dst, v.b...)
 	case v.kind == dBytes:
-		r := make([]rune, len(v.b))
-		for i, b := range v.b {
-			r[i] = rune(b)
-		}
-		return appendJSONStr(dst, string(r))
+		return appendAvroBytesJSON(dst, v.b)
+	case v.kind == dVarDec:
+		return appendVarDecimal(dst, v.dec, appendAvroBytesJSON)
+	case v.kind == dDec && s != nil && s.name == decimalSchemaName && s.hasParam(decimalPrecisionParam):
+		return appendAvroBytesJSON(dst, twosComplement(&v.dec.unscaled))
 	}
 	return appendValueJSON(dst, nil, v)
+}
+
+// appendAvroBytesJSON writes bytes as Avro's JSON encoding does: a string
+// of one code point per byte. Bytes from 0x7f up are escaped (\u00XX):
+// goavro reads an unescaped non-ASCII character as its UTF-8 bytes.
+func appendAvroBytesJSON(dst []byte, b []byte) []byte {
+	const hexDigits = "0123456789abcdef"
+	dst = append(dst, '"')
+	for _, c := range b {
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20 || c >= 0x7f:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&15])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/big"
 	"reflect"
 	"testing"
 	"time"
@@ -189,5 +190,49 @@ func TestAvroEnvelopeNullAndBytea(t *testing.T) {
 	row.Columns[4] = Column{Name: "payload", Type: OIDBytea, Value: []byte(`\x0000000001ff`)}
 	if rec, err := plain.Route(ctx, row); err != nil || string(rec.Value) != "\x00\x00\x00\x00\x01\xff" {
 		t.Fatalf("bytea payload: %v %v", rec, err)
+	}
+}
+
+// TestAvroEnvelopeNumeric: numeric envelope fields go to Avro as Confluent's
+// AvroConverter writes Debezium's schemas: an unconstrained numeric as the
+// VariableScaleDecimal record, a numeric(p,s) as Avro's decimal; a numeric
+// of unknown declaration stays a number (a double field).
+func TestAvroEnvelopeNumeric(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	const env = `{"type":"record","name":"Env","fields":[{"name":"payload","type":["null","string"]},
+		{"name":"amount","type":["null",{"type":"record","name":"VariableScaleDecimal","namespace":"io.debezium.data",
+			"fields":[{"name":"scale","type":"int"},{"name":"value","type":"bytes"}],
+			"connect.doc":"Variable scaled decimal","connect.version":1,"connect.name":"io.debezium.data.VariableScaleDecimal"}],"default":null},
+		{"name":"price","type":["null",{"type":"bytes","scale":2,"precision":10,"connect.version":1,
+			"connect.parameters":{"scale":"2","connect.decimal.precision":"10"},"connect.name":"org.apache.kafka.connect.data.Decimal","logicalType":"decimal"}],"default":null},
+		{"name":"ratio","type":["null","double"],"default":null}]}`
+	r := avroRouter(t, reg, func(c *Config) {
+		c.AvroSchemas = map[string]string{"outbox.event.Order-value": env}
+		c.AdditionalFields = []AdditionalField{{Column: "amount", Placement: PlaceEnvelope, Alias: "amount"},
+			{Column: "price", Placement: PlaceEnvelope, Alias: "price"}, {Column: "ratio", Placement: PlaceEnvelope, Alias: "ratio"}}
+	})
+	row := orderRow(`"text"`)
+	row.Columns[4].Type = OIDText
+	row.Columns = append(row.Columns,
+		Column{Name: "amount", Type: OIDNumeric, Value: []byte("-12.500"), TypeMod: NoTypeMod, HasTypeMod: true},
+		Column{Name: "price", Type: OIDNumeric, Value: []byte("-1.28"), TypeMod: NumericTypeMod(10, 2), HasTypeMod: true},
+		Column{Name: "ratio", Type: OIDNumeric, Value: []byte("0.25")})
+	rec, err := r.Route(context.Background(), row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+	_, v := confluentDecode(t, cl, rec.Value)
+	m := v.(map[string]any)
+	amount := m["amount"].(map[string]any)["io.debezium.data.VariableScaleDecimal"].(map[string]any)
+	if amount["scale"] != int32(1) || !reflect.DeepEqual(amount["value"], []byte{0x83}) { // -125: -12.5, trailing zeros stripped
+		t.Errorf("amount %#v", amount)
+	}
+	if price := m["price"].(map[string]any)["bytes.decimal"].(*big.Rat); price.RatString() != "-32/25" {
+		t.Errorf("price %v, want -1.28", price)
+	}
+	if ratio := m["ratio"].(map[string]any)["double"]; ratio != 0.25 {
+		t.Errorf("ratio %#v", ratio)
 	}
 }

@@ -34,6 +34,7 @@ type cschema struct {
 	name       string
 	hasVersion bool
 	version    int32
+	doc        string
 	params     [][2]string
 	fields     []cfield // tStruct
 	items      *cschema // tArray
@@ -53,6 +54,15 @@ func (s *cschema) field(name string) int {
 	return -1
 }
 
+func (s *cschema) hasParam(name string) bool {
+	for _, p := range s.params {
+		if p[0] == name {
+			return true
+		}
+	}
+	return false
+}
+
 // equal is ConnectSchema.equals.
 func (s *cschema) equal(o *cschema) bool {
 	if s == o {
@@ -62,7 +72,7 @@ func (s *cschema) equal(o *cschema) bool {
 		return false
 	}
 	if s.typ != o.typ || s.optional != o.optional || s.hasName != o.hasName || s.name != o.name ||
-		s.hasVersion != o.hasVersion || s.version != o.version || len(s.params) != len(o.params) ||
+		s.hasVersion != o.hasVersion || s.version != o.version || s.doc != o.doc || len(s.params) != len(o.params) ||
 		len(s.fields) != len(o.fields) || !s.items.equal(o.items) {
 		return false
 	}
@@ -93,6 +103,7 @@ const (
 	dF32
 	dF64
 	dDec
+	dVarDec // a VariableScaleDecimal Struct: dec, its trailing zeros stripped
 	dStruct
 	dList
 )
@@ -103,8 +114,8 @@ type dval struct {
 	b    []byte // dStr, dBytes
 	i    int64  // dI16, dI32, dI64, dBool (0/1)
 	f    float64
-	dec  *decimal
-	list []dval // dStruct (in schema field order; unset fields are dNull), dList
+	dec  *decimal // dDec, dVarDec
+	list []dval   // dStruct (in schema field order; unset fields are dNull), dList
 }
 
 // appendSchemaJSON writes a schema as JsonConverter.asJsonSchema does; with
@@ -139,6 +150,10 @@ func appendSchemaJSON(dst []byte, s *cschema, field string, isField bool) []byte
 	if s.hasVersion {
 		dst = append(dst, `,"version":`...)
 		dst = strconv.AppendInt(dst, int64(s.version), 10)
+	}
+	if s.doc != "" {
+		dst = append(dst, `,"doc":`...)
+		dst = appendJSONStr(dst, s.doc)
 	}
 	if len(s.params) > 0 {
 		dst = append(dst, `,"parameters":{`...)
@@ -187,6 +202,8 @@ func appendValueJSON(dst []byte, s *cschema, v *dval) []byte {
 		}
 		// A BigDecimal with no Decimal schema: Jackson writes it as a number.
 		return appendJavaBigDecimal(dst, v.dec)
+	case dVarDec:
+		return appendVarDecimal(dst, v.dec, appendBase64JSON)
 	case dStruct:
 		dst = append(dst, '{')
 		for i := range v.list {
@@ -251,9 +268,24 @@ func appendValueString(dst []byte, v *dval, rawBytes bool) []byte {
 		return appendJavaDouble(dst, v.f, 64)
 	case dDec:
 		return appendJavaBigDecimal(dst, v.dec)
+	case dVarDec:
+		// Values.append of a Struct: {"scale":1,"value":"fQ=="}, the same
+		// text as JSON for these two fields.
+		return appendVarDecimal(dst, v.dec, appendBase64JSON)
 	case dStruct, dList:
 		// Not reachable from a column; JSON is the closest readable form.
 		return appendValueJSON(dst, nil, v)
 	}
 	return dst
+}
+
+// appendVarDecimal writes a VariableScaleDecimal Struct as JsonConverter
+// does, {"scale":1,"value":"fQ=="}: the scale, then the unscaled value's
+// bytes (BigInteger.toByteArray) written by bytesJSON.
+func appendVarDecimal(dst []byte, d *decimal, bytesJSON func([]byte, []byte) []byte) []byte {
+	dst = append(dst, `{"scale":`...)
+	dst = strconv.AppendInt(dst, int64(d.scale), 10)
+	dst = append(dst, `,"value":`...)
+	dst = bytesJSON(dst, twosComplement(&d.unscaled))
+	return append(dst, '}')
 }

@@ -36,7 +36,15 @@ func FuzzRoute(f *testing.F) {
 			{Name: "payload", Type: fuzzTypes[int(ptype)%len(fuzzTypes)], Value: payload, Null: ptype > 200},
 		}}
 		for _, f := range cfg.AdditionalFields {
-			row.Columns = append(row.Columns, Column{Name: f.Column, Type: fuzzTypes[int(extraType+ptype)%len(fuzzTypes)], Value: payload})
+			c := Column{Name: f.Column, Type: fuzzTypes[int(extraType+ptype)%len(fuzzTypes)], Value: payload}
+			// The declaration: unknown, none (numeric) or numeric(p,s).
+			switch extraType % 3 {
+			case 1:
+				c.TypeMod, c.HasTypeMod = NoTypeMod, true
+			case 2:
+				c.TypeMod, c.HasTypeMod = NumericTypeMod(int(ptype)%40+1, int(extraType)%12), true
+			}
+			row.Columns = append(row.Columns, c)
 		}
 		rec, err := r.Route(context.Background(), row)
 		if (rec == nil) == (err == nil) {

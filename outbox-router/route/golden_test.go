@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,32 @@ var typeOIDs = map[string]uint32{
 	"timestamp": OIDTimestamp, "timestamptz": OIDTimestamptz, "numeric": OIDNumeric, "uuid": OIDUUID, "jsonb": OIDJSONB,
 }
 
+// goldenType reads a column type of a golden row: a name of typeOIDs, and
+// for numeric an optional (precision[, scale]).
+func goldenType(s string) (oid uint32, typmod int32, ok bool) {
+	name, args, hasArgs := strings.Cut(s, "(")
+	oid, ok = typeOIDs[name]
+	if !ok {
+		return 0, 0, false
+	}
+	if !hasArgs {
+		return oid, NoTypeMod, true
+	}
+	if oid != OIDNumeric || !strings.HasSuffix(args, ")") {
+		return 0, 0, false
+	}
+	ps := strings.Split(strings.TrimSuffix(args, ")"), ",")
+	var n [2]int
+	for i, a := range ps {
+		v, err := strconv.Atoi(strings.TrimSpace(a))
+		if err != nil || i >= len(n) {
+			return 0, 0, false
+		}
+		n[i] = v
+	}
+	return oid, NumericTypeMod(n[0], n[1]), true
+}
+
 var opCodes = map[string]Op{"c": OpInsert, "r": OpRead, "u": OpUpdate, "d": OpDelete}
 
 func loadGolden(t testing.TB, path string) goldenCase {
@@ -82,11 +109,13 @@ func (c *goldenCase) row(t testing.TB) *Row {
 	}
 	row.Op = op
 	for _, col := range c.Row.Columns {
-		oid, ok := typeOIDs[*col[1]]
+		oid, typmod, ok := goldenType(*col[1])
 		if !ok {
 			t.Fatalf("type %q", *col[1])
 		}
-		cc := Column{Name: *col[0], Type: oid}
+		// A golden row is a real table's (the soak test creates it from
+		// these types), so the declaration is known, as pgoutput sends it.
+		cc := Column{Name: *col[0], Type: oid, TypeMod: typmod, HasTypeMod: true}
 		if col[2] == nil {
 			cc.Null = true
 		} else {

@@ -159,6 +159,45 @@ type decimal struct {
 	scale    int32
 }
 
+var bigTen = big.NewInt(10)
+
+// setScale is BigDecimal.setScale(scale) without rounding; false when digits
+// would be lost (Java's ArithmeticException).
+func (d *decimal) setScale(scale int32) bool {
+	if scale == d.scale {
+		return true
+	}
+	if scale > d.scale {
+		f := new(big.Int).Exp(bigTen, big.NewInt(int64(scale-d.scale)), nil)
+		d.unscaled.Mul(&d.unscaled, f)
+		d.scale = scale
+		return true
+	}
+	f := new(big.Int).Exp(bigTen, big.NewInt(int64(d.scale-scale)), nil)
+	q, r := new(big.Int).QuoRem(&d.unscaled, f, new(big.Int))
+	if r.Sign() != 0 {
+		return false
+	}
+	d.unscaled.Set(q)
+	d.scale = scale
+	return true
+}
+
+// stripTrailingZeros is BigDecimal.stripTrailingZeros followed by
+// setScale(0) when the scale went negative: trailing zeros come off the
+// fraction only (12.50 is 12.5, 100 stays 100, 0.000 is 0).
+func (d *decimal) stripTrailingZeros() {
+	var q, r big.Int
+	for d.scale > 0 {
+		q.QuoRem(&d.unscaled, bigTen, &r)
+		if r.Sign() != 0 {
+			break
+		}
+		d.unscaled.Set(&q)
+		d.scale--
+	}
+}
+
 // parseDecimal parses PostgreSQL's numeric output ("-12.340").
 func parseDecimal(s []byte) (*decimal, bool) {
 	if len(s) == 0 {

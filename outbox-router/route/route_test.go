@@ -203,3 +203,90 @@ func TestRouteConcurrent(t *testing.T) {
 		<-done
 	}
 }
+
+// TestNumericScale: the two BigDecimal operations Debezium applies to a
+// numeric value, setScale (numeric(p,s)) and stripTrailingZeros then
+// setScale(0) when negative (numeric).
+func TestNumericScale(t *testing.T) {
+	for _, c := range []struct {
+		in      string
+		strip   string // unscaled/scale after stripping
+		setTo   int32
+		set     string // after setScale(setTo); "" when digits would be lost
+		typmod  int32
+		p, s    int32
+		bounded bool
+	}{
+		{"100", "100/0", 2, "10000/2", NumericTypeMod(10, 2), 10, 2, true},
+		{"12.50", "125/1", 2, "1250/2", NumericTypeMod(5, 0), 5, 0, true},
+		{"100.000", "100/0", 1, "1000/1", NumericTypeMod(1000, 1000), 1000, 1000, true},
+		{"-0.00100", "-1/3", 2, "", NoTypeMod, 0, 0, false},
+		{"0.000", "0/0", 0, "0/0", 0, 0, 0, false}, // 0: invalid, not a declaration
+		{"0.0000001", "1/7", 7, "1/7", 4, 0, 0, false},
+	} {
+		d, _ := parseDecimal([]byte(c.in))
+		d.stripTrailingZeros()
+		if got := d.unscaled.String() + "/" + itoa(int64(d.scale)); got != c.strip {
+			t.Errorf("%s stripped: %s, want %s", c.in, got, c.strip)
+		}
+		d, _ = parseDecimal([]byte(c.in))
+		got := ""
+		if d.setScale(c.setTo) {
+			got = d.unscaled.String() + "/" + itoa(int64(d.scale))
+		}
+		if got != c.set {
+			t.Errorf("%s setScale(%d): %q, want %q", c.in, c.setTo, got, c.set)
+		}
+		if p, s, ok := numericPrecisionScale(c.typmod); p != c.p || s != c.s || ok != c.bounded {
+			t.Errorf("typmod %d: %d, %d, %v; want %d, %d, %v", c.typmod, p, s, ok, c.p, c.s, c.bounded)
+		}
+	}
+}
+
+// TestNumericUnknownDeclaration: without the column's type modifier (a row
+// built by hand, or from a change event without Debezium's schema) a numeric
+// is a Decimal of the value's own scale, without precision, as before the
+// modifier was known; with it, what Debezium writes (golden cases 47-49).
+func TestNumericUnknownDeclaration(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HeaderFormat = FormatJSONSchema
+	cfg.AdditionalFields = []AdditionalField{{Column: "amount", Placement: PlaceHeader, Alias: "amount"}}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const vsd = `{"schema":{"type":"struct","fields":[{"type":"int32","optional":false,"field":"scale"},{"type":"bytes","optional":false,"field":"value"}],"optional":true,"name":"io.debezium.data.VariableScaleDecimal","version":1,"doc":"Variable scaled decimal"},"payload":{"scale":1,"value":"fQ=="}}`
+	for _, c := range []struct {
+		name string
+		col  Column
+		want string
+	}{
+		{"unknown", Column{Value: []byte("12.50")},
+			`{"schema":{"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","version":1,"parameters":{"scale":"2"}},"payload":"BOI="}`},
+		{"numeric", Column{Value: []byte("12.50"), TypeMod: NoTypeMod, HasTypeMod: true}, vsd},
+		{"numeric(10,2)", Column{Value: []byte("12.50"), TypeMod: NumericTypeMod(10, 2), HasTypeMod: true},
+			`{"schema":{"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","version":1,"parameters":{"scale":"2","connect.decimal.precision":"10"}},"payload":"BOI="}`},
+		// A modifier that says nothing (no precision, no scale) is
+		// Debezium's isVariableScaleDecimal too.
+		{"typmod 4", Column{Value: []byte("12.50"), TypeMod: 4, HasTypeMod: true}, vsd},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			row := orderRow(orderPayload)
+			c.col.Name, c.col.Type = "amount", OIDNumeric
+			row.Columns = append(row.Columns, c.col)
+			rec, err := r.Route(context.Background(), row)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := string(rec.Headers[1].Value); got != c.want {
+				t.Errorf("header\n got %s\nwant %s", got, c.want)
+			}
+		})
+	}
+	// NaN has no Decimal (decimal.handling.mode=precise fails on it).
+	row := orderRow(orderPayload)
+	row.Columns = append(row.Columns, Column{Name: "amount", Type: OIDNumeric, Value: []byte("NaN"), TypeMod: NoTypeMod, HasTypeMod: true})
+	if _, err := r.Route(context.Background(), row); ClassOf(err) != ClassInvalidPayload {
+		t.Fatalf("NaN: %v", err)
+	}
+}

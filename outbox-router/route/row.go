@@ -64,10 +64,42 @@ func (o Op) String() string {
 // Column is one column of an outbox row as pgoutput delivers it: the value in
 // PostgreSQL's text output format (bytea as \x hex) and the column's type OID.
 type Column struct {
-	Name  string
-	Type  uint32
-	Null  bool
-	Value []byte
+	Name string
+	Type uint32
+	// TypeMod is the column's type modifier as PostgreSQL reports it
+	// (pg_attribute.atttypmod, in pgoutput's Relation message and in a
+	// query's RowDescription), meaningful only when HasTypeMod is set: -1
+	// when the type was declared without one, ((precision<<16)|scale)+4 for
+	// numeric(precision, scale) (see NumericTypeMod). Debezium maps an
+	// unconstrained numeric to io.debezium.data.VariableScaleDecimal and a
+	// numeric(p,s) to a Decimal of scale s and precision p.
+	TypeMod int32
+	// HasTypeMod says TypeMod is known. The zero value, unknown, keeps a
+	// numeric column a Decimal of the value's own scale, without precision.
+	HasTypeMod bool
+	Null       bool
+	Value      []byte
+}
+
+// NoTypeMod is the TypeMod of a column declared without a modifier.
+const NoTypeMod int32 = -1
+
+// NumericTypeMod is PostgreSQL's type modifier of numeric(precision, scale)
+// (make_numeric_typmod: a negative scale, PostgreSQL 15+, keeps 11 bits).
+func NumericTypeMod(precision, scale int) int32 {
+	return int32(precision<<16|scale&0x7ff) + 4
+}
+
+// numericPrecisionScale decodes a numeric column's type modifier as the
+// PostgreSQL JDBC driver does (TypeInfoCache.getPrecision/getScale), which
+// is what Debezium's schema reads; ok is false for an unconstrained numeric.
+func numericPrecisionScale(typmod int32) (precision, scale int32, ok bool) {
+	if typmod < 4 {
+		return 0, 0, false
+	}
+	precision, scale = int32(uint32(typmod-4)>>16), (typmod-4)&0xffff
+	// Debezium's isVariableScaleDecimal: no length and scale 0.
+	return precision, scale, precision != 0 || scale != 0
 }
 
 // Source says where a row came from; it feeds the dead-letter headers and

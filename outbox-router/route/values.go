@@ -20,10 +20,15 @@ const (
 	dateSchemaName       = "io.debezium.time.Date"
 	microTimeSchemaName  = "io.debezium.time.MicroTime"
 	decimalSchemaName    = "org.apache.kafka.connect.data.Decimal"
+	varScaleDecimalName  = "io.debezium.data.VariableScaleDecimal"
 	timestampSchemaName  = "io.debezium.time.Timestamp"
 	nanoTimestampName    = "io.debezium.time.NanoTimestamp"
 	connectTimestampName = "org.apache.kafka.connect.data.Timestamp"
 )
+
+// decimalPrecisionParam is the Decimal schema parameter Debezium adds for a
+// declared precision (and Confluent's AvroData reads).
+const decimalPrecisionParam = "connect.decimal.precision"
 
 // colKind is how a PostgreSQL type becomes a Connect value.
 type colKind uint8
@@ -97,6 +102,10 @@ func isStringKind(k colKind) bool {
 // schemas of plain columns, [kind][optional]; built once.
 var colSchemas [kTime + 1][2]*cschema
 
+// varScaleSchemas are io.debezium.data.VariableScaleDecimal's struct schema
+// (VariableScaleDecimal.builder), [optional]: an unconstrained numeric.
+var varScaleSchemas [2]*cschema
+
 func init() {
 	mk := func(t ctype, name string) [2]*cschema {
 		var out [2]*cschema
@@ -124,24 +133,47 @@ func init() {
 	colSchemas[kTimestamptz] = mk(tString, zonedTimestampName)
 	colSchemas[kDate] = mk(tInt32, dateSchemaName)
 	colSchemas[kTime] = mk(tInt64, microTimeSchemaName)
+	for o := 0; o < 2; o++ {
+		varScaleSchemas[o] = &cschema{typ: tStruct, optional: o == 1, hasName: true, name: varScaleDecimalName,
+			hasVersion: true, version: 1, doc: "Variable scaled decimal",
+			fields: []cfield{{name: "scale", schema: colSchemas[kInt32][0]}, {name: "value", schema: colSchemas[kBytea][0]}}}
+	}
 }
 
-// colSchema returns the Connect schema Debezium gives a column. A numeric
-// column's Decimal schema carries its scale; pgoutput does not send the
-// declared precision, so connect.decimal.precision is left out.
+// colSchema returns the Connect schema Debezium gives a column. optional is
+// whether the column may be null; a null value proves it may, whatever
+// RequiredColumns says (Debezium reads nullability from the catalog).
+//
+// A numeric column is, as Debezium's PostgresValueConverter.numericSchema
+// has it with decimal.handling.mode=precise: declared numeric(p,s), a
+// Decimal of scale s with connect.decimal.precision p; declared without
+// precision, a VariableScaleDecimal. When the declaration is unknown
+// (Column.HasTypeMod unset) it is a Decimal of the value's own scale,
+// without precision.
 func colSchema(c *Column, optional bool, v *dval) *cschema {
-	k := kindOf(c.Type)
-	if k == kNumeric {
-		scale := int32(0)
-		if v != nil && v.kind == dDec {
-			scale = v.dec.scale
-		}
-		return &cschema{typ: tBytes, optional: optional, hasName: true, name: decimalSchemaName, hasVersion: true, version: 1,
-			params: [][2]string{{"scale", strconv.Itoa(int(scale))}}}
+	if v != nil && v.kind == dNull {
+		optional = true
 	}
 	o := 0
 	if optional {
 		o = 1
+	}
+	k := kindOf(c.Type)
+	if k == kNumeric {
+		var params [][2]string
+		if precision, scale, ok := numericPrecisionScale(c.TypeMod); c.HasTypeMod && ok {
+			// Decimal.builder(scale) then the precision, in that order.
+			params = [][2]string{{"scale", strconv.Itoa(int(scale))}, {decimalPrecisionParam, strconv.Itoa(int(precision))}}
+		} else if c.HasTypeMod {
+			return varScaleSchemas[o]
+		} else {
+			scale := int32(0)
+			if v != nil && v.kind == dDec {
+				scale = v.dec.scale
+			}
+			params = [][2]string{{"scale", strconv.Itoa(int(scale))}}
+		}
+		return &cschema{typ: tBytes, optional: optional, hasName: true, name: decimalSchemaName, hasVersion: true, version: 1, params: params}
 	}
 	return colSchemas[k][o]
 }
@@ -183,9 +215,25 @@ func colValue(c *Column) (dval, error) {
 			return dval{kind: kind, f: f}, nil
 		}
 	case kNumeric:
-		if d, ok := parseDecimal(s); ok {
+		d, ok := parseDecimal(s)
+		if !ok {
+			break // NaN and ±Infinity too: decimal.handling.mode=precise fails on them
+		}
+		if !c.HasTypeMod {
 			return dval{kind: dDec, dec: d}, nil
 		}
+		if _, scale, ok := numericPrecisionScale(c.TypeMod); ok {
+			// withScaleAdjustedIfNeeded: BigDecimal.setScale(scale), which
+			// PostgreSQL's own output already has.
+			if !d.setScale(scale) {
+				break
+			}
+			return dval{kind: dDec, dec: d}, nil
+		}
+		// convertDecimal: stripTrailingZeros, then a negative scale (100
+		// is 1E+2 stripped) back to 0.
+		d.stripTrailingZeros()
+		return dval{kind: dVarDec, dec: d}, nil
 	case kBytea:
 		if b, ok := decodeBytea(s); ok {
 			return dval{kind: dBytes, b: b}, nil

@@ -1,0 +1,440 @@
+package route
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+)
+
+// dbzGoldenSource is Debezium Server's PostgreSQL source and Kafka sink; each
+// option set adds its debezium.format.* and debezium.transforms.* lines.
+const dbzGoldenSource = `debezium.sink.kafka.producer.bootstrap.servers={{brokers}}
+debezium.sink.kafka.producer.key.serializer=org.apache.kafka.common.serialization.StringSerializer
+debezium.sink.kafka.producer.value.serializer=org.apache.kafka.common.serialization.StringSerializer
+debezium.sink.kafka.producer.max.block.ms=20000
+debezium.source.connector.class=io.debezium.connector.postgresql.PostgresConnector
+debezium.source.offset.storage.file.filename={{dir}}/data/offsets.dat
+debezium.source.offset.flush.interval.ms=0
+debezium.source.database.hostname=127.0.0.1
+debezium.source.database.port={{port}}
+debezium.source.database.user=postgres
+debezium.source.database.password=postgres
+debezium.source.database.dbname=outbox
+debezium.source.topic.prefix=outbox
+debezium.source.plugin.name=pgoutput
+debezium.source.slot.name={{slot}}
+debezium.source.publication.name={{slot}}_pub
+debezium.source.publication.autocreate.mode=filtered
+debezium.source.table.include.list={{tables}}
+debezium.source.snapshot.mode=no_data
+debezium.source.tombstones.on.delete=false
+quarkus.http.port={{http}}
+quarkus.log.level=INFO
+`
+
+// dbzGoldenSet is one Debezium Server run: the format and transform
+// properties, shared by Debezium Server and the router, and the golden cases
+// whose rows it captures. {{u}} in props is replaced by a per-set token so
+// that the topics are new: the shared broker does not auto-create topics and
+// other tests use outbox.event.Order.
+type dbzGoldenSet struct {
+	name  string
+	props string
+	cases []string
+	// golden is true when the set's properties are exactly the golden
+	// cases' (server runtime), so the capture is also checked against them.
+	golden bool
+	// noTracing turns the router's traceparent headers off.
+	noTracing bool
+}
+
+const (
+	dbzStr   = "debezium.sink.type=kafka\ndebezium.format.key=simplestring\ndebezium.format.value=simplestring\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+	dbzJSON  = "debezium.sink.type=kafka\ndebezium.format.key=simplestring\ndebezium.format.value=json\ndebezium.format.value.schemas.enable=false\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+	dbzT     = "debezium.transforms.outbox."
+	dbzTopic = dbzT + "route.topic.replacement={{u}}.outbox.event.${routedByValue}\n"
+)
+
+var dbzGoldenSets = []dbzGoldenSet{
+	{name: "defaults", golden: true, props: dbzStr + dbzTopic, cases: []string{"01", "02", "19", "42", "43", "50"}},
+	// The Debezium Server distribution has no OpenTelemetry on its class
+	// path, so it writes no traceparent; the router does by default
+	// (Config.Tracing, docs/router.md), and is compared with it off.
+	{name: "tracing", props: dbzStr + dbzTopic, cases: []string{"35"}, noTracing: true},
+	{name: "server_33", golden: true, props: dbzStr + dbzTopic + dbzT + "table.fields.additional.placement=p:partition,type:header\n", cases: []string{"33"}},
+	{name: "server_34_header_no_schema", golden: true, props: dbzStr + dbzTopic + "debezium.format.header.schemas.enable=false\n", cases: []string{"34", "01", "43"}},
+	{name: "header_types", props: dbzStr + dbzTopic + dbzT + "table.fields.additional.placement=n:header,b:header,at:header:at,amount:header,raw:header,tiny:header\n", cases: []string{"40"}},
+	// Numeric columns by declaration: numeric is a VariableScaleDecimal,
+	// numeric(p,s) a Decimal with its precision (pgoutput's type modifier).
+	{name: "numeric_unconstrained", golden: true, props: dbzStr + dbzTopic + dbzT + "table.fields.additional.placement=" +
+		"u_100:header,u_0:header,u_neg:header,u_1250:header,u_1e3:header,u_big:header,u_tiny:header,u_100_000:header,u_negsmall:header,u_null:header\n", cases: []string{"47"}},
+	{name: "numeric_constrained", golden: true, props: dbzStr + dbzTopic + dbzT + "table.fields.additional.placement=" +
+		"c_100:header,c_0:header,c_neg:header,c_1250:header,c_1e3:header,c_max:header,c_round:header,c_null:header,p5:header,c_big:header,c_neg128:header\n", cases: []string{"48"}},
+	// Not golden: the envelope's schema name has the soak's table name.
+	{name: "numeric_key_envelope", props: "debezium.sink.type=kafka\ndebezium.format.key=json\ndebezium.format.value=json\n" +
+		"debezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" + dbzTopic +
+		dbzT + "table.field.event.key=k\n" + dbzT + "table.fields.additional.placement=amount:envelope:amount,price:envelope:price\n", cases: []string{"49"}},
+	{name: "route_by_field", props: dbzJSON + dbzTopic + dbzT + "table.field.event.id=event_id\n" + dbzT + "table.field.event.key=payload_id\n" +
+		dbzT + "table.field.event.type=event_type\n" + dbzT + "table.field.event.payload=payload_body\n" + dbzT + "route.by.field=my_route_field\n" +
+		dbzT + "table.fields.additional.placement=some_boolean:envelope:bool\n", cases: []string{"05"}},
+	{name: "placement_header_envelope", props: dbzJSON + dbzTopic + dbzT + "table.fields.additional.placement=type:header,eventType:envelope:type\n", cases: []string{"09", "10"}},
+	{name: "expand_json", props: dbzJSON + dbzTopic + dbzT + "table.expand.json.payload=true\n", cases: []string{"20", "21", "23", "27"}},
+	// Alone: Debezium converts a batch at a time, and this row stops it.
+	{name: "expand_json_numbers", props: dbzJSON + dbzTopic + dbzT + "table.expand.json.payload=true\n", cases: []string{"26"}},
+	{name: "tombstone", props: dbzJSON + dbzTopic + dbzT + "table.fields.additional.placement=is_deleted:envelope:deleted\n" + dbzT + "route.tombstone.on.empty.payload=true\n", cases: []string{"15", "17"}},
+	{name: "topic_regex_replacement", props: dbzStr + dbzT + "route.topic.regex=(?<routedByValue>[a-z]+)_(.*)\n" + dbzT + "route.topic.replacement={{u}}.events.${routedByValue}.$2\n", cases: []string{"06"}},
+	{name: "topic_replacement_suffix", props: dbzStr + dbzT + "route.topic.replacement=${routedByValue}.events.{{u}}\n", cases: []string{"08"}},
+}
+
+// TestDebeziumServerGolden (make soak) runs a real Debezium Server 3.6.1 with
+// the Outbox Event Router over the rows of the golden cases, once per option
+// set, and checks that the router, given the same properties (server
+// runtime), produces each record byte for byte: topic, key, value and
+// headers. Debezium Server's Kafka sink sets no timestamp, so the router
+// must set none either.
+func TestDebeziumServerGolden(t *testing.T) {
+	if os.Getenv("OUTBOX_SOAK") != "1" {
+		t.Skip("make soak only (OUTBOX_SOAK=1): runs Debezium Server")
+	}
+	dbz := testenv.InstallDebeziumServer(t)
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	u := "gold" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	for i, set := range dbzGoldenSets {
+		t.Run(set.name, func(t *testing.T) {
+			t.Parallel()
+			runGoldenSet(t, dbz, pg, brokers, u, i, set)
+		})
+	}
+}
+
+type capturedCase struct {
+	id    string
+	table string
+	c     goldenCase
+	row   *Row
+	want  *kgo.Record // the router's record
+	err   error       // the router's error
+}
+
+func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres, brokers, u string, i int, set dbzGoldenSet) {
+	ctx := context.Background()
+	tok := fmt.Sprintf("%s-%d", u, i) // the set's own topics
+	props := strings.ReplaceAll(set.props, "{{u}}", tok)
+	cfg, err := ParseProperties(strings.NewReader(props))
+	if err != nil {
+		t.Fatalf("properties: %v", err)
+	}
+	if cfg.Runtime != RuntimeServer {
+		t.Fatalf("runtime %q, want server", cfg.Runtime)
+	}
+	if set.noTracing {
+		cfg.Tracing = false
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pg.Conn(t, "outbox")
+	slot := fmt.Sprintf("gold_%d", i)
+
+	// Each case gets a table with its columns; the router's row is read back
+	// as text, which is what pgoutput sends.
+	var cases []*capturedCase
+	var tables, topics []string
+	for _, id := range set.cases {
+		paths, _ := filepath.Glob(filepath.Join("testdata", "golden", id+"_*.json"))
+		if len(paths) != 1 {
+			t.Fatalf("case %s: %v", id, paths)
+		}
+		cc := &capturedCase{id: id, c: loadGolden(t, paths[0]), table: fmt.Sprintf("%s_c%s", slot, id)}
+		var defs []string
+		for _, col := range cc.c.Row.Columns {
+			def := pgx.Identifier{*col[0]}.Sanitize() + " " + *col[1]
+			// The router takes RequiredColumns as NOT NULL (pgoutput
+			// does not say); Debezium reads it from the catalog.
+			if col[2] != nil && slices.Contains(cfg.RequiredColumns, *col[0]) {
+				def += " NOT NULL"
+			}
+			defs = append(defs, def)
+		}
+		if _, err := conn.Exec(ctx, "CREATE TABLE "+cc.table+" ("+strings.Join(defs, ", ")+")"); err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, "public."+cc.table)
+		cases = append(cases, cc)
+	}
+
+	dir := t.TempDir()
+	for _, sub := range []string{"config", "data"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	httpPort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := strings.NewReplacer("{{brokers}}", brokers, "{{dir}}", dir, "{{port}}", strconv.Itoa(pg.Port),
+		"{{http}}", strconv.Itoa(httpPort), "{{slot}}", slot, "{{tables}}", strings.Join(tables, ",")).Replace(dbzGoldenSource) +
+		// Quarkus would expand ${routedByValue} as a config expression
+		// (to nothing); $${ is its escape for a literal ${.
+		strings.ReplaceAll(props, "${", "$${")
+	if err := os.WriteFile(filepath.Join(dir, "config", "application.properties"), []byte(app), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "debezium.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := dbz.Command(t, dir, logf)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	logTail := func() string {
+		// Debezium Server logs JSON lines; its errors say why it stopped.
+		b, _ := os.ReadFile(logPath)
+		var errs []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, `"level":"ERROR"`) || strings.Contains(l, `"level":"WARN"`) && !strings.Contains(l, "Primary keys are not defined") {
+				errs = append(errs, l[:min(len(l), 3000)])
+			}
+		}
+		if len(errs) > 0 {
+			return strings.Join(errs, "\n")
+		}
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		return string(b)
+	}
+	// stopped reports whether Debezium Server gave up on a record. It reads
+	// the whole log: logTail keeps only ERROR and WARN lines when there are
+	// any, and a WARN (a slow broker on a loaded machine) would hide this
+	// line.
+	stopped := func() bool {
+		b, _ := os.ReadFile(logPath)
+		return strings.Contains(string(b), "Connector completed: success = 'false'")
+	}
+	start := time.Now()
+	for {
+		var n int
+		_ = conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active", slot).Scan(&n)
+		if n == 1 {
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("Debezium Server exited:\n%s", logTail())
+		default:
+		}
+		if time.Since(start) > 3*time.Minute {
+			t.Fatalf("Debezium Server did not start streaming within 3 minutes:\n%s", logTail())
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Logf("Debezium Server streaming after %s", time.Since(start).Round(time.Second))
+
+	// Insert the rows, read them back as pgoutput's text, and route them.
+	for _, cc := range cases {
+		var names, lits []string
+		for _, col := range cc.c.Row.Columns {
+			names = append(names, pgx.Identifier{*col[0]}.Sanitize())
+			if col[2] == nil {
+				lits = append(lits, "NULL")
+			} else {
+				lits = append(lits, "'"+strings.ReplaceAll(*col[2], "'", "''")+"'::"+*col[1])
+			}
+		}
+		if _, err := conn.Exec(ctx, "INSERT INTO "+cc.table+" ("+strings.Join(names, ", ")+") VALUES ("+strings.Join(lits, ", ")+")"); err != nil {
+			t.Fatalf("case %s: insert: %v", cc.id, err)
+		}
+		texts := make([]*string, len(names))
+		dst := make([]any, len(names))
+		var sel []string
+		for k, n := range names {
+			sel = append(sel, n+"::text")
+			dst[k] = &texts[k]
+		}
+		if err := conn.QueryRow(ctx, "SELECT "+strings.Join(sel, ", ")+" FROM "+cc.table).Scan(dst...); err != nil {
+			t.Fatalf("case %s: read back: %v", cc.id, err)
+		}
+		for k := range cc.c.Row.Columns {
+			cc.c.Row.Columns[k][2] = texts[k]
+		}
+		cc.c.Row.Table = "public." + cc.table
+		cc.row = cc.c.row(t)
+		cc.want, cc.err = r.Route(ctx, cc.row)
+		switch {
+		case cc.err == nil:
+		case cc.c.Expect != nil:
+			// The router refuses the row; see what Debezium does with it
+			// on the topic the golden file names.
+			cc.want = &kgo.Record{Topic: tok + "." + cc.c.Expect.Topic}
+		default:
+			t.Fatalf("case %s: router: %v", cc.id, cc.err)
+		}
+		topics = append(topics, cc.want.Topic)
+	}
+
+	// The topics must exist before Debezium's producer sends; it then waits
+	// up to max.block.ms for their metadata, so creating them after the
+	// inserts is still in time.
+	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uniq := map[string]bool{}
+	var create []string
+	for _, tp := range topics {
+		if !uniq[tp] {
+			uniq[tp] = true
+			create = append(create, tp)
+		}
+	}
+	if _, err := kadm.NewClient(adm).CreateTopics(ctx, 1, 1, nil, create...); err != nil {
+		t.Fatal(err)
+	}
+	adm.Close()
+	c := testenv.StartConsumer(t, brokers, create...)
+	deadline := time.Now().Add(90 * time.Second)
+	for c.Count() < len(cases) && time.Now().Before(deadline) && !stopped() {
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // anything extra Debezium sends
+	got := c.Records()
+	refused := 0
+	for _, cc := range cases {
+		if cc.err != nil {
+			refused++
+		}
+	}
+	if len(got) != len(cases)-refused {
+		t.Errorf("Debezium Server published %d records on the router's topics, want %d (topics %v)\n%s", len(got), len(cases)-refused, create, logTail())
+	}
+	// One partition per topic and one insert at a time: a topic's records
+	// are in the order of its cases' inserts.
+	byTopic := map[string][]*kgo.Record{}
+	for _, g := range got {
+		// Debezium 3's context headers (connector name, task, run id) are
+		// not the Outbox Event Router's; the router writes none. They are
+		// logged and left out of the comparison.
+		var hs []kgo.RecordHeader
+		var ctxHeaders []string
+		for _, h := range g.Headers {
+			if strings.HasPrefix(h.Key, "__debezium.context.") {
+				ctxHeaders = append(ctxHeaders, h.Key+"="+string(h.Value))
+				continue
+			}
+			hs = append(hs, h)
+		}
+		if len(ctxHeaders) > 0 {
+			t.Logf("Debezium Server context headers on %s (not compared): %s", g.Topic, strings.Join(ctxHeaders, " "))
+		}
+		g.Headers = hs
+		byTopic[g.Topic] = append(byTopic[g.Topic], g)
+	}
+	for _, cc := range cases {
+		var rec *kgo.Record
+		if q := byTopic[cc.want.Topic]; len(q) > 0 {
+			rec, byTopic[cc.want.Topic] = q[0], q[1:]
+		}
+		t.Run(cc.id, func(t *testing.T) {
+			if rec == nil && cc.err != nil && stopped() {
+				t.Logf("both refuse the row: the router with %v, Debezium Server stops", cc.err)
+				return
+			}
+			if rec == nil {
+				t.Fatalf("no record from Debezium Server on %q (router error: %v)", cc.want.Topic, cc.err)
+			}
+			if cc.err != nil {
+				t.Fatalf("router error %v; Debezium Server published topic %q key %s value %s headers %s",
+					cc.err, rec.Topic, quoteNil(rec.Key), quoteNil(rec.Value), fmtHeaders(rec.Headers))
+			}
+			diffs := compareRecords(rec, cc.want)
+			for _, d := range diffs {
+				t.Errorf("router vs Debezium Server: %s", d)
+			}
+			if len(diffs) == 0 {
+				t.Logf("router matches Debezium Server byte for byte: topic %q key %q value %q headers %s", rec.Topic, rec.Key, rec.Value, fmtHeaders(rec.Headers))
+			}
+			// The case's own golden file, when it is for exactly these
+			// properties (less the topic token).
+			if set.golden && cc.c.Expect != nil && cc.c.Properties == strings.ReplaceAll(set.props, dbzTopic, "") {
+				e := cc.c.Expect
+				ge := &kgo.Record{Topic: tok + "." + e.Topic, Partition: -1}
+				if e.Key != nil {
+					ge.Key = []byte(*e.Key)
+				}
+				if e.Value != nil {
+					ge.Value = []byte(*e.Value)
+				}
+				for _, h := range e.Headers {
+					var v []byte
+					if h[1] != nil {
+						v = []byte(*h[1])
+					}
+					ge.Headers = append(ge.Headers, kgo.RecordHeader{Key: *h[0], Value: v})
+				}
+				for _, d := range compareRecords(rec, ge) {
+					t.Errorf("golden file vs Debezium Server: %s", d)
+				}
+			}
+		})
+	}
+}
+
+// compareRecords lists how Debezium Server's record differs from ours.
+func compareRecords(dbz, ours *kgo.Record) []string {
+	var d []string
+	if dbz.Topic != ours.Topic {
+		d = append(d, fmt.Sprintf("topic %q, ours %q", dbz.Topic, ours.Topic))
+	}
+	if (dbz.Key == nil) != (ours.Key == nil) || string(dbz.Key) != string(ours.Key) {
+		d = append(d, fmt.Sprintf("key %s, ours %s", quoteNil(dbz.Key), quoteNil(ours.Key)))
+	}
+	if (dbz.Value == nil) != (ours.Value == nil) || string(dbz.Value) != string(ours.Value) {
+		d = append(d, fmt.Sprintf("value\n  dbz  %s\n  ours %s", quoteNil(dbz.Value), quoteNil(ours.Value)))
+	}
+	if len(dbz.Headers) != len(ours.Headers) {
+		d = append(d, fmt.Sprintf("headers\n  dbz  %s\n  ours %s", fmtHeaders(dbz.Headers), fmtHeaders(ours.Headers)))
+	} else {
+		for k, h := range dbz.Headers {
+			o := ours.Headers[k]
+			if h.Key != o.Key || string(h.Value) != string(o.Value) || (h.Value == nil) != (o.Value == nil) {
+				d = append(d, fmt.Sprintf("header %d\n  dbz  %q=%s\n  ours %q=%s", k, h.Key, quoteNil(h.Value), o.Key, quoteNil(o.Value)))
+			}
+		}
+	}
+	if !ours.Timestamp.IsZero() {
+		d = append(d, fmt.Sprintf("ours sets timestamp %v; Debezium Server's sink sets none", ours.Timestamp))
+	}
+	return d
+}
+
+func quoteNil(b []byte) string {
+	if b == nil {
+		return "null"
+	}
+	return strconv.Quote(string(b))
+}
