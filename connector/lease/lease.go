@@ -263,14 +263,16 @@ func (e *Elector) Run(ctx context.Context, lead LeadFunc) error {
 func (e *Elector) lead(ctx context.Context, t *Term, lead LeadFunc) error {
 	done := make(chan error, 1)
 	sess := e.sess
+	sess.rearm()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		err := lead(ctx, t)
 		done <- err
-		// Wake the renewal loop, blocked reading the lease session. Only
-		// the read deadline is touched from here; net.Conn allows it.
+		// Wake the renewal loop if it is waiting on the lease session
+		// (a renewal in flight runs to its end, then sees done). Only the
+		// read deadline is touched from here; net.Conn allows it.
 		sess.interrupt()
 	}()
 	leadErr := e.hold(t, done)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -116,16 +117,54 @@ type session struct {
 	conn     *pgx.Conn
 	locked   bool      // holds the advisory lock
 	lockedAt time.Time // when a standby was granted it
+
+	// mu guards the read deadline between the elector's goroutine and
+	// interrupt: an interrupt must end a wait, never a statement in flight
+	// (a renewal cut off by it would end the term as lost, and pgx would
+	// close the session, so that the lease could not be released).
+	mu          sync.Mutex
+	waiting     bool // between arm and the end of wait
+	interrupted bool // interrupt was called: every later wait ends at once
 }
 
-// arm sets the read deadline of a wait.
-func (s *session) arm(until time.Time) { _ = s.conn.PgConn().Conn().SetReadDeadline(until) }
+// arm sets the read deadline of a wait: until, or now once interrupted.
+func (s *session) arm(until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting = true
+	if s.interrupted {
+		until = time.Now()
+	}
+	_ = s.conn.PgConn().Conn().SetReadDeadline(until)
+}
 
-func (s *session) disarm() { _ = s.conn.PgConn().Conn().SetReadDeadline(time.Time{}) }
+func (s *session) disarm() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting = false
+	_ = s.conn.PgConn().Conn().SetReadDeadline(time.Time{})
+}
 
-// interrupt ends a wait at once; safe from any goroutine.
+// rearm forgets an earlier interrupt, at the start of a term.
+func (s *session) rearm() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.interrupted = false
+}
+
+// interrupt ends a wait at once, and makes the next wait end at once; a
+// statement in flight runs to its end. Safe from any goroutine.
 func (s *session) interrupt() {
-	if s != nil {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.interrupted = true
+	if s.waiting {
 		_ = s.conn.PgConn().Conn().SetReadDeadline(time.Now())
 	}
 }
