@@ -90,23 +90,8 @@ func TestDebeziumServerCutover(t *testing.T) {
 	}
 	props := strings.NewReplacer("{{brokers}}", brokers, "{{dir}}", dir, "{{port}}", strconv.Itoa(pg.Port),
 		"{{http}}", strconv.Itoa(httpPort)).Replace(debeziumCutoverProps)
-	if err := os.WriteFile(filepath.Join(dir, "config", "application.properties"), []byte(props), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(filepath.Join(dir, "debezium.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := dbz.Command(t, dir, logf)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	dbzRun := dbz.Start(t, dir, props)
+	cmd, exited := dbzRun.Cmd, dbzRun.Exited
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		var n int

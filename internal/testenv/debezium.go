@@ -31,19 +31,47 @@ func InstallDebeziumServer(t testing.TB) DebeziumServer {
 	return DebeziumServer{Home: strings.TrimSpace(string(out)), Java: java}
 }
 
-// Command is Debezium Server run from dir (which holds
-// config/application.properties) the way the distribution's run.sh runs it,
-// without JMX and agents, its output appended to log.
-func (d DebeziumServer) Command(t testing.TB, dir string, log *os.File) *exec.Cmd {
+// DebeziumRun is a started Debezium Server.
+type DebeziumRun struct {
+	Cmd     *exec.Cmd
+	LogPath string        // its stdout and stderr
+	Exited  chan struct{} // closed when the process has exited
+}
+
+// Start writes properties to dir/config/application.properties and runs
+// Debezium Server from dir the way the distribution's run.sh runs it,
+// without JMX and agents, its output in dir/debezium.log. It is killed when
+// the test ends.
+func (d DebeziumServer) Start(t testing.TB, dir, properties string) *DebeziumRun {
 	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config", "application.properties"), []byte(properties), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	runners, _ := filepath.Glob(filepath.Join(d.Home, "debezium-server-*-runner.jar"))
 	if len(runners) == 0 {
 		t.Fatalf("no runner jar in %s", d.Home)
 	}
+	run := &DebeziumRun{LogPath: filepath.Join(dir, "debezium.log"), Exited: make(chan struct{})}
+	logf, err := os.Create(run.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cp := strings.Join([]string{runners[0], filepath.Join(d.Home, "config", "lib"), filepath.Join(d.Home, "lib", "*")}, ":")
-	cmd := exec.Command(d.Java, "-cp", cp, "io.debezium.server.Main")
-	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = append(os.Environ(), "JAVA_HOME="+filepath.Dir(filepath.Dir(d.Java)))
-	return cmd
+	run.Cmd = exec.Command(d.Java, "-cp", cp, "io.debezium.server.Main")
+	run.Cmd.Dir = dir
+	run.Cmd.Stdout, run.Cmd.Stderr = logf, logf
+	run.Cmd.Env = append(os.Environ(), "JAVA_HOME="+filepath.Dir(filepath.Dir(d.Java)))
+	if err := run.Cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatal(err)
+	}
+	go func() { _ = run.Cmd.Wait(); logf.Close(); close(run.Exited) }()
+	t.Cleanup(func() {
+		_ = run.Cmd.Process.Kill()
+		<-run.Exited
+	})
+	return run
 }

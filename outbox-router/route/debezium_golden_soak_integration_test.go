@@ -193,24 +193,8 @@ func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres
 		// Quarkus would expand ${routedByValue} as a config expression
 		// (to nothing); $${ is its escape for a literal ${.
 		strings.ReplaceAll(props, "${", "$${")
-	if err := os.WriteFile(filepath.Join(dir, "config", "application.properties"), []byte(app), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	logPath := filepath.Join(dir, "debezium.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := dbz.Command(t, dir, logf)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	run := dbz.Start(t, dir, app)
+	logPath, exited := run.LogPath, run.Exited
 	logTail := func() string {
 		// Debezium Server logs JSON lines; its errors say why it stopped.
 		b, _ := os.ReadFile(logPath)
