@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/connector/lease"
+	"github.com/pgoutbox/pgoutbox/connector/tracker"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
@@ -84,28 +85,48 @@ func (ps *Poison) add(key string, err error) {
 
 // lookup returns why the record of row for topic is poison, if it is. The
 // key is built only when something is poison at all.
-func (ps *Poison) lookup(topic string, row *route.Row) error {
+func (ps *Poison) lookup(topic string, id rowID) error {
 	if ps == nil || ps.n.Load() == 0 {
 		return nil
 	}
-	key := poisonKey(topic, row)
+	key := poisonKey(topic, id)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	return ps.m[key]
 }
 
-// poisonKey identifies a record across sessions: its topic, the WAL
-// position of its row and its event id.
-func poisonKey(topic string, row *route.Row) string {
-	id := ""
-	if c := row.Lookup("id"); c != nil {
-		id = string(c.Value)
-	}
-	return topic + "\x00" + strconv.FormatUint(row.Source.LSN, 10) + "\x00" + id
+// rowID identifies an outbox row across sessions: the WAL position of its
+// row and a hash of its event id (snapshot rows share a position).
+type rowID struct {
+	lsn uint64
+	id  uint64
 }
 
+// idOf hashes the id with FNV-1a, inline: no allocation per record.
+func idOf(row *route.Row) rowID {
+	h := uint64(14695981039346656037)
+	if c := row.Lookup("id"); c != nil {
+		for _, b := range c.Value {
+			h ^= uint64(b)
+			h *= 1099511628211
+		}
+	}
+	return rowID{lsn: row.Source.LSN, id: h}
+}
+
+// poisonKey identifies a record across sessions: its topic and its row.
+func poisonKey(topic string, id rowID) string {
+	return topic + "\x00" + strconv.FormatUint(id.lsn, 10) + "\x00" + strconv.FormatUint(id.id, 16)
+}
+
+// txnRec is what a record of the open transaction leaves behind once
+// produced: enough to acknowledge it and to name it as poison, but not its
+// row, which the garbage collector may take at once (a transaction holds up
+// to OUTBOX_MAX_IN_FLIGHT records; a failed one is read again from the WAL).
 type txnRec struct {
-	ev       wal.Event
+	txn      *tracker.Txn
+	id       rowID
+	commit   time.Time // the PostgreSQL commit time, for the latency metric
 	topic    string
 	intended string // for a DLQ record, the topic the event was meant for
 	dlq      bool
@@ -187,7 +208,8 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, rec *kgo.Record, i
 		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
 	}
 	size := recordSize(rec)
-	if cause := p.cfg.Poison.lookup(rec.Topic, ev.Row); cause != nil {
+	id := idOf(ev.Row)
+	if cause := p.cfg.Poison.lookup(rec.Topic, id); cause != nil {
 		if !dlq && errors.Is(cause, kerr.InvalidTopicException) {
 			return p.deadLetter(ctx, ev, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: cause})
 		}
@@ -211,7 +233,7 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, rec *kgo.Record, i
 			p.txn.timer.Reset(p.cfg.TxnInterval)
 		}
 	}
-	p.txn.recs = append(p.txn.recs, txnRec{ev: ev, topic: rec.Topic, intended: intended, dlq: dlq, size: size})
+	p.txn.recs = append(p.txn.recs, txnRec{txn: ev.Txn, id: id, commit: ev.Row.Source.CommitTime, topic: rec.Topic, intended: intended, dlq: dlq, size: size})
 	if p.txn.promise == nil {
 		p.txn.promise = p.txnPromise
 	}
@@ -309,11 +331,11 @@ func (p *Producer) commit(ctx context.Context) error {
 			if p.cfg.Published != nil {
 				p.cfg.Published.Add(1)
 			}
-			if ct := r.ev.Row.Source.CommitTime; !ct.IsZero() {
+			if ct := r.commit; !ct.IsZero() {
 				p.metrics.CommitToAck.Observe(time.Since(ct).Seconds())
 			}
 		}
-		r.ev.Txn.Done()
+		r.txn.Done()
 	}
 	clear(p.txn.recs)
 	p.txn.recs = p.txn.recs[:0]
@@ -344,12 +366,12 @@ func (p *Producer) recordErrors() error {
 		case isFatalKafka(err):
 			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics and the transactional id)", r.topic), Err: err}
 		case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord):
-			p.cfg.Poison.add(poisonKey(r.topic, r.ev.Row), err)
+			p.cfg.Poison.add(poisonKey(r.topic, r.id), err)
 		case isRecordFault(err):
 			// Too large for the broker (its limit is below ours): the
 			// large records of the batch are at fault, not their neighbours.
 			if r.size > p.cfg.MaxMessageBytes/2 {
-				p.cfg.Poison.add(poisonKey(r.topic, r.ev.Row), err)
+				p.cfg.Poison.add(poisonKey(r.topic, r.id), err)
 			}
 			if largest == nil || r.size > largest.size {
 				largest, largestErr = r, err
@@ -360,7 +382,7 @@ func (p *Producer) recordErrors() error {
 		}
 	}
 	if largest != nil && largest.size <= p.cfg.MaxMessageBytes/2 {
-		p.cfg.Poison.add(poisonKey(largest.topic, largest.ev.Row), largestErr)
+		p.cfg.Poison.add(poisonKey(largest.topic, largest.id), largestErr)
 	}
 	if first != nil {
 		p.log.Warn("a record of the Kafka transaction failed; aborting it and reading again from the confirmed position (records Kafka refused go to the dead letters)", "err", first)
