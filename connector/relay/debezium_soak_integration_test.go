@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -78,19 +77,7 @@ func TestDebeziumServerCutover(t *testing.T) {
 	adm.Close()
 	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
 
-	dir := t.TempDir()
-	for _, sub := range []string{"config", "data"} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	httpPort, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	props := strings.NewReplacer("{{brokers}}", brokers, "{{dir}}", dir, "{{port}}", strconv.Itoa(pg.Port),
-		"{{http}}", strconv.Itoa(httpPort)).Replace(debeziumCutoverProps)
-	dbzRun := dbz.Start(t, dir, props)
+	dbzRun := dbz.Start(t, debeziumCutoverProps, "{{brokers}}", brokers, "{{port}}", strconv.Itoa(pg.Port))
 	cmd, exited := dbzRun.Cmd, dbzRun.Exited
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
@@ -100,7 +87,7 @@ func TestDebeziumServerCutover(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(dir, "debezium.log"))
+			log, _ := os.ReadFile(dbzRun.LogPath)
 			t.Fatalf("Debezium Server did not start streaming within 3 minutes:\n%s", tailBytes(log))
 		}
 		time.Sleep(500 * time.Millisecond)

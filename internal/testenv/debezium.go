@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -34,19 +35,30 @@ func InstallDebeziumServer(t testing.TB) DebeziumServer {
 // DebeziumRun is a started Debezium Server.
 type DebeziumRun struct {
 	Cmd     *exec.Cmd
+	Dir     string        // its working directory: config/, data/
 	LogPath string        // its stdout and stderr
 	Exited  chan struct{} // closed when the process has exited
 }
 
-// Start writes properties to dir/config/application.properties and runs
-// Debezium Server from dir the way the distribution's run.sh runs it,
-// without JMX and agents, its output in dir/debezium.log. It is killed when
-// the test ends.
-func (d DebeziumServer) Start(t testing.TB, dir, properties string) *DebeziumRun {
+// Start runs Debezium Server in a new directory the way the distribution's
+// run.sh runs it, without JMX and agents, its output in debezium.log. Its
+// config/application.properties is properties with {{dir}} (the directory,
+// whose data/ holds the offsets), {{http}} (a free port for Quarkus) and each
+// pair of vars (placeholder, value) replaced. It is killed when the test
+// ends.
+func (d DebeziumServer) Start(t testing.TB, properties string, vars ...string) *DebeziumRun {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Join(dir, "config"), 0o755); err != nil {
+	dir := t.TempDir()
+	for _, sub := range []string{"config", "data"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	httpPort, err := FreePort()
+	if err != nil {
 		t.Fatal(err)
 	}
+	properties = strings.NewReplacer(append([]string{"{{dir}}", dir, "{{http}}", strconv.Itoa(httpPort)}, vars...)...).Replace(properties)
 	if err := os.WriteFile(filepath.Join(dir, "config", "application.properties"), []byte(properties), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +66,7 @@ func (d DebeziumServer) Start(t testing.TB, dir, properties string) *DebeziumRun
 	if len(runners) == 0 {
 		t.Fatalf("no runner jar in %s", d.Home)
 	}
-	run := &DebeziumRun{LogPath: filepath.Join(dir, "debezium.log"), Exited: make(chan struct{})}
+	run := &DebeziumRun{Dir: dir, LogPath: filepath.Join(dir, "debezium.log"), Exited: make(chan struct{})}
 	logf, err := os.Create(run.LogPath)
 	if err != nil {
 		t.Fatal(err)

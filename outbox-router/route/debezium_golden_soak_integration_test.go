@@ -178,22 +178,10 @@ func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres
 		cases = append(cases, cc)
 	}
 
-	dir := t.TempDir()
-	for _, sub := range []string{"config", "data"} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	httpPort, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := strings.NewReplacer("{{brokers}}", brokers, "{{dir}}", dir, "{{port}}", strconv.Itoa(pg.Port),
-		"{{http}}", strconv.Itoa(httpPort), "{{slot}}", slot, "{{tables}}", strings.Join(tables, ",")).Replace(dbzGoldenSource) +
-		// Quarkus would expand ${routedByValue} as a config expression
-		// (to nothing); $${ is its escape for a literal ${.
-		strings.ReplaceAll(props, "${", "$${")
-	run := dbz.Start(t, dir, app)
+	// Quarkus would expand ${routedByValue} as a config expression (to
+	// nothing); $${ is its escape for a literal ${.
+	run := dbz.Start(t, dbzGoldenSource+strings.ReplaceAll(props, "${", "$${"),
+		"{{brokers}}", brokers, "{{port}}", strconv.Itoa(pg.Port), "{{slot}}", slot, "{{tables}}", strings.Join(tables, ","))
 	logPath, exited := run.LogPath, run.Exited
 	logTail := func() string {
 		// Debezium Server logs JSON lines; its errors say why it stopped.
