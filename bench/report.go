@@ -13,42 +13,31 @@ import (
 	"github.com/pgoutbox/pgoutbox/bench/chart"
 )
 
+// settingsJSON is how Settings read in run.json: durations as Go strings.
+type settingsJSON struct {
+	Events                  int    `json:"events"`
+	TxSizes                 []int  `json:"tx_sizes"`
+	Repeats                 int    `json:"repeats"`
+	Rates                   []int  `json:"rates_events_per_sec"`
+	PerTx                   []int  `json:"events_per_tx"`
+	Warmup                  string `json:"warmup"`
+	Measure                 string `json:"measure"`
+	Writers                 int    `json:"writers"`
+	ConnectorStatusInterval string `json:"connector_status_interval"`
+	Debezium                bool   `json:"debezium"`
+	Profile                 bool   `json:"profile"`
+	Only                    string `json:"only"`
+}
+
 // MarshalJSON writes the settings readably (durations as Go strings).
 func (s Settings) MarshalJSON() ([]byte, error) {
-	type out struct {
-		Events                  int    `json:"events"`
-		TxSizes                 []int  `json:"tx_sizes"`
-		Repeats                 int    `json:"repeats"`
-		Rates                   []int  `json:"rates_events_per_sec"`
-		PerTx                   []int  `json:"events_per_tx"`
-		Warmup                  string `json:"warmup"`
-		Measure                 string `json:"measure"`
-		Writers                 int    `json:"writers"`
-		ConnectorStatusInterval string `json:"connector_status_interval"`
-		Debezium                bool   `json:"debezium"`
-		Profile                 bool   `json:"profile"`
-		Only                    string `json:"only"`
-	}
-	return jsonMarshal(out{s.Events, s.TxSizes, s.Repeats, s.Rates, s.PerTx, s.Warmup.String(), s.Measure.String(),
+	return jsonMarshal(settingsJSON{s.Events, s.TxSizes, s.Repeats, s.Rates, s.PerTx, s.Warmup.String(), s.Measure.String(),
 		s.Writers, s.StatusInterval.String(), s.Debezium, s.Profile, s.only})
 }
 
 // UnmarshalJSON reads what MarshalJSON wrote (to re-render a report).
 func (s *Settings) UnmarshalJSON(b []byte) error {
-	var in struct {
-		Events                  int    `json:"events"`
-		TxSizes                 []int  `json:"tx_sizes"`
-		Repeats                 int    `json:"repeats"`
-		Rates                   []int  `json:"rates_events_per_sec"`
-		PerTx                   []int  `json:"events_per_tx"`
-		Warmup                  string `json:"warmup"`
-		Measure                 string `json:"measure"`
-		Writers                 int    `json:"writers"`
-		ConnectorStatusInterval string `json:"connector_status_interval"`
-		Debezium                bool   `json:"debezium"`
-		Profile                 bool   `json:"profile"`
-		Only                    string `json:"only"`
-	}
+	var in settingsJSON
 	if err := json.Unmarshal(b, &in); err != nil {
 		return err
 	}
