@@ -215,12 +215,7 @@ func (b *bench) floorLevel(ctx context.Context, rate, perTx int, w *writers) Lat
 	recv := percentiles(append([]float64(nil), f.recv...))
 	f.mu.Unlock()
 	r.CommitToReceived = &recv
-	c.mu.Lock()
-	r.Received = c.inWindow
-	r.CommitToAck = percentiles(c.ack)
-	r.CommitToConsumer = percentiles(c.recv)
-	c.mu.Unlock()
-	r.CommitDuration = percentiles(lr.commitDur)
+	c.fill(&r, lr)
 	if f.err != nil && r.Error == "" {
 		r.Error = "reader: " + f.err.Error()
 	}

@@ -180,6 +180,17 @@ func (c *consumer) count() int {
 	return c.inWindow
 }
 
+// fill records in r what the consumer saw in the measured window, and the
+// writers' commit durations.
+func (c *consumer) fill(r *LatencyRun, lr loadResult) {
+	c.mu.Lock()
+	r.Received = c.inWindow
+	r.CommitToAck = percentiles(c.ack)
+	r.CommitToConsumer = percentiles(c.recv)
+	c.mu.Unlock()
+	r.CommitDuration = percentiles(lr.commitDur)
+}
+
 func (c *consumer) close() {
 	c.cl.Close()
 	<-c.done
@@ -324,12 +335,7 @@ func (b *bench) latencyRun(ctx context.Context, system string, p *sysProc, aggTy
 	for c.count() < lr.sent && time.Now().Before(deadline) && !p.exited() {
 		time.Sleep(50 * time.Millisecond)
 	}
-	c.mu.Lock()
-	r.Received = c.inWindow
-	r.CommitToAck = percentiles(c.ack)
-	r.CommitToConsumer = percentiles(c.recv)
-	c.mu.Unlock()
-	r.CommitDuration = percentiles(lr.commitDur)
+	c.fill(&r, lr)
 	r.CPUSeconds = (cpu1 - time.Duration(cpu0.Load())).Seconds()
 	if lr.sent > 0 {
 		r.CPUPer100k = r.CPUSeconds / float64(lr.sent) * 1e5
@@ -369,17 +375,13 @@ func (b *bench) waitStreaming(ctx context.Context, conn *pgx.Conn, p *sysProc, s
 
 // scrapeMetrics reads /metrics: series (name and labels) -> value.
 func scrapeMetrics(ctx context.Context, port int) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), nil)
+	body, err := getMetrics(ctx, port)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
+	defer body.Close()
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(body)
 	for sc.Scan() {
 		line := sc.Text()
 		if line == "" || line[0] == '#' {
@@ -410,6 +412,16 @@ func sumSeries(m map[string]float64, name string) float64 {
 // scrapeHistogram reads a Prometheus histogram's cumulative buckets (le ->
 // count) from /metrics.
 func scrapeHistogram(ctx context.Context, port int, name string) (map[float64]float64, error) {
+	body, err := getMetrics(ctx, port)
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	return parseHistogram(body, name)
+}
+
+// getMetrics fetches the connector's /metrics on the loopback port.
+func getMetrics(ctx context.Context, port int) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), nil)
 	if err != nil {
 		return nil, err
@@ -418,8 +430,7 @@ func scrapeHistogram(ctx context.Context, port int, name string) (map[float64]fl
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	return parseHistogram(resp.Body, name)
+	return resp.Body, nil
 }
 
 func parseHistogram(r io.Reader, name string) (map[float64]float64, error) {
