@@ -105,20 +105,54 @@ func CheckSlot(s SlotInfo, db string) error {
 	return nil
 }
 
+const queryRelKind = `
+SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`
+
 const queryPublication = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`
 
+const queryPublicationInsert = `SELECT pubinsert FROM pg_publication WHERE pubname = $1`
+
+// queryPublicationViaRoot reads pubviaroot (PostgreSQL 13+, the first
+// release that publishes a partitioned table): asked only of a partitioned
+// outbox.
+const queryPublicationViaRoot = `SELECT pubviaroot FROM pg_publication WHERE pubname = $1`
+
+// queryPublicationTable lists the tables as the publication publishes them:
+// a partitioned table published via its root is listed itself, one
+// published as its partitions is listed as those partitions.
 const queryPublicationTable = `
 SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`
 
-// EnsurePublication checks that the publication exists and carries the
-// outbox table, creating it (inserts only) when it is missing and the role
-// may. It returns whether it created the publication.
+// EnsurePublication checks that the publication exists and publishes the
+// outbox table's inserts as the outbox table's, creating it (inserts only)
+// when it is missing and the role may. It returns whether it created the
+// publication.
+//
+// A partitioned outbox needs publish_via_partition_root: without it
+// pgoutput names the partition a row went into, which the stream cannot
+// take for the outbox; such a publication is refused with the ALTER that
+// fixes it.
 func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table string) (bool, error) {
+	var kind string
+	err := conn.QueryRow(ctx, queryRelKind, schema, table).Scan(&kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, Fatalf("table %s.%s does not exist; create the outbox table (sql/001_outbox.sql, or sql/variants/outbox_partitioned.sql) or point OUTBOX_TABLE at it", schema, table)
+	}
+	if err != nil {
+		return false, fmt.Errorf("look up table %s.%s: %w", schema, table, err)
+	}
+	partitioned := kind == "p"
 	var exists bool
 	if err := conn.QueryRow(ctx, queryPublication, pub).Scan(&exists); err != nil {
 		return false, fmt.Errorf("look up publication %q: %w", pub, err)
 	}
-	createSQL := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = 'insert')", pub, schema, table)
+	with := "publish = 'insert'"
+	if partitioned {
+		with += ", publish_via_partition_root = true"
+	}
+	createSQL := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (%s)", pub, schema, table, with)
+	created := false
 	if !exists {
 		if _, err := conn.Exec(ctx, createSQL); err != nil {
 			var pgErr *pgconn.PgError
@@ -127,16 +161,37 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 			}
 			return false, fmt.Errorf("create publication %q: %w", pub, err)
 		}
-		return true, nil
+		created = true
+	}
+	// Checked after creating it too: what matters is what the server will
+	// publish, not what the statement asked for. A publication that does not
+	// publish inserts, or publishes a partitioned outbox as its partitions,
+	// sends the stream nothing it takes for an outbox row, and the
+	// keepalives would then confirm every event unpublished.
+	var inserts bool
+	if err := conn.QueryRow(ctx, queryPublicationInsert, pub).Scan(&inserts); err != nil {
+		return created, fmt.Errorf("check the operations publication %q publishes: %w", pub, err)
+	}
+	if !inserts {
+		return created, Fatalf("publication %q does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert');", pub, pub)
+	}
+	if partitioned {
+		var viaRoot bool
+		if err := conn.QueryRow(ctx, queryPublicationViaRoot, pub).Scan(&viaRoot); err != nil {
+			return created, fmt.Errorf("check publish_via_partition_root of publication %q: %w", pub, err)
+		}
+		if !viaRoot {
+			return created, Fatalf("publication %q publishes the partitions of the partitioned table %s.%s under their own names (publish_via_partition_root is off), so the connector would not see their inserts as the outbox's; run: ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub, schema, table, pub)
+		}
 	}
 	var has bool
 	if err := conn.QueryRow(ctx, queryPublicationTable, pub, schema, table).Scan(&has); err != nil {
-		return false, fmt.Errorf("check publication %q for %s.%s: %w", pub, schema, table, err)
+		return created, fmt.Errorf("check publication %q for %s.%s: %w", pub, schema, table, err)
 	}
 	if !has {
-		return false, Fatalf("publication %q does not include %s.%s; run: ALTER PUBLICATION %s ADD TABLE %s.%s;", pub, schema, table, pub, schema, table)
+		return created, Fatalf("publication %q does not include %s.%s; run: ALTER PUBLICATION %s ADD TABLE %s.%s;", pub, schema, table, pub, schema, table)
 	}
-	return false, nil
+	return created, nil
 }
 
 // CreateSlot creates the logical slot with pgoutput on the replication

@@ -62,6 +62,16 @@ type Stream struct {
 	Abort    context.Context
 	Log      *slog.Logger
 	Counters Counters
+	// IsOutboxPartition reports whether the relation with this OID is a
+	// partition of the outbox table, at any depth (OutboxPartitionOf). A
+	// publication that publishes the outbox's partitions under their own
+	// names (publish_via_partition_root off, or a partition listed itself)
+	// sends the outbox's rows as a partition's: counted as another table's,
+	// they would be confirmed unpublished, so the stream stops instead. It
+	// is asked at the first insert into a relation that is not the outbox,
+	// once per Relation message. Nil: never asked, every other relation is
+	// another table.
+	IsOutboxPartition func(ctx context.Context, relID uint32) (bool, error)
 
 	rels          map[uint32]*relation
 	cols          []TupleColumn
@@ -81,6 +91,9 @@ type Stream struct {
 type relation struct {
 	*Relation
 	outbox bool
+	// checked says whether IsOutboxPartition was asked; partition is its
+	// answer.
+	checked, partition bool
 }
 
 var outboxPrefix = []byte("outbox")
@@ -274,6 +287,12 @@ func (s *Stream) handleMessage(ctx context.Context, lsn uint64, b []byte) error 
 			return fmt.Errorf("%w: insert for relation %d before its relation message", ErrMalformed, relID)
 		}
 		if !rel.outbox {
+			// With publish_via_partition_root pgoutput sends a partition's
+			// Relation message too, but names the outbox in the insert:
+			// only an insert tells what the publication does.
+			if err := s.refusePartition(ctx, rel); err != nil {
+				return err
+			}
 			s.count("other-table")
 			return nil
 		}
@@ -324,6 +343,33 @@ func (s *Stream) handleMessage(ctx context.Context, lsn uint64, b []byte) error 
 		return fmt.Errorf("%w: unknown pgoutput message type %q", ErrMalformed, b[0])
 	}
 	return nil
+}
+
+// refusePartition returns a FatalError for an insert into a partition of
+// the outbox (see IsOutboxPartition). It returns before the insert is
+// handed on and with its transaction still open: the tracker acks nothing
+// from that transaction on, so nothing of it or after it is confirmed, and
+// the next start reads it again.
+func (s *Stream) refusePartition(ctx context.Context, rel *relation) error {
+	if s.IsOutboxPartition == nil {
+		return nil
+	}
+	if !rel.checked {
+		is, err := s.IsOutboxPartition(ctx, rel.ID)
+		if err != nil {
+			return fmt.Errorf("find whether %s.%s, which an insert of slot %q names, is a partition of %s.%s: %w", rel.Namespace, rel.Name, s.Slot, s.Schema, s.Table, err)
+		}
+		rel.checked, rel.partition = true, is
+	}
+	if !rel.partition {
+		return nil
+	}
+	return Fatalf("slot %q sent an insert into %s.%s, a partition of the outbox table %s.%s, under the partition's own name (transaction committed at %s): "+
+		"publication %q publishes the outbox's partitions as themselves (publish_via_partition_root is off, or it lists a partition). "+
+		"The connector stopped before confirming that transaction. Run: ALTER PUBLICATION %s SET (publish_via_partition_root = true); and make sure it lists %s.%s itself. "+
+		"PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so a transaction written before the fix stops the connector again; "+
+		"its events are still in the outbox table",
+		s.Slot, rel.Namespace, rel.Name, s.Schema, s.Table, FormatLSN(s.begin.FinalLSN), s.Publication, s.Publication, s.Schema, s.Table)
 }
 
 func (s *Stream) count(kind string) {

@@ -1,0 +1,137 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+)
+
+// publicationSetup: a plain table, and a partitioned one two levels deep,
+// each in a schema of its own so that each case has its own publication.
+var publicationSetup = []string{
+	`CREATE SCHEMA plain`,
+	`CREATE TABLE plain.outbox (id int)`,
+	`CREATE SCHEMA part`,
+	`CREATE TABLE part.outbox (id int, created_at timestamptz) PARTITION BY RANGE (created_at)`,
+	`CREATE TABLE part.outbox_2026 PARTITION OF part.outbox FOR VALUES FROM ('2026-01-01') TO ('2027-01-01') PARTITION BY RANGE (id)`,
+	`CREATE TABLE part.outbox_2026_low PARTITION OF part.outbox_2026 FOR VALUES FROM (0) TO (1000)`,
+	`CREATE TABLE part.outbox_default PARTITION OF part.outbox DEFAULT`,
+	`CREATE TABLE part.other (id int, created_at timestamptz) PARTITION BY RANGE (created_at)`,
+	`CREATE TABLE part.other_default PARTITION OF part.other DEFAULT`,
+}
+
+// TestEnsurePublicationLive: EnsurePublication against PostgreSQL: it
+// creates a publication that publishes a partitioned outbox via its root,
+// refuses an existing one that does not (naming the ALTER that fixes it),
+// one that lists only a partition, one that does not publish inserts, and
+// says so when the table does not exist.
+func TestEnsurePublicationLive(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{NoSchema: true})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	for _, q := range publicationSetup {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	tests := []struct {
+		name          string
+		setup         string // run first: the operator's publication
+		schema, table string
+		created       bool
+		fatal         string // a FatalError saying this; empty: success
+		viaRoot       bool   // pubviaroot afterwards
+	}{
+		{name: "plain table, created", schema: "plain", table: "outbox", created: true},
+		{name: "plain table, exists", setup: `CREATE PUBLICATION %s FOR TABLE plain.outbox WITH (publish = 'insert')`, schema: "plain", table: "outbox"},
+		{name: "partitioned, created via its root", schema: "part", table: "outbox", created: true, viaRoot: true},
+		{name: "partitioned, exists via its root", setup: `CREATE PUBLICATION %s FOR TABLE part.outbox WITH (publish = 'insert', publish_via_partition_root = true)`,
+			schema: "part", table: "outbox", viaRoot: true},
+		{name: "partitioned, exists without publish_via_partition_root", setup: `CREATE PUBLICATION %s FOR TABLE part.outbox WITH (publish = 'insert')`,
+			schema: "part", table: "outbox", fatal: "SET (publish_via_partition_root = true)"},
+		{name: "partitioned, for all tables without publish_via_partition_root", setup: `CREATE PUBLICATION %s FOR ALL TABLES WITH (publish = 'insert')`,
+			schema: "part", table: "outbox", fatal: "SET (publish_via_partition_root = true)"},
+		{name: "partitioned, only a partition listed", setup: `CREATE PUBLICATION %s FOR TABLE part.outbox_default WITH (publish = 'insert', publish_via_partition_root = true)`,
+			schema: "part", table: "outbox", fatal: "does not include part.outbox; run: ALTER PUBLICATION", viaRoot: true},
+		{name: "no inserts published", setup: `CREATE PUBLICATION %s FOR TABLE plain.outbox WITH (publish = 'update, delete')`,
+			schema: "plain", table: "outbox", fatal: "does not publish inserts"},
+		{name: "table missing", schema: "plain", table: "nothing", fatal: "table plain.nothing does not exist"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pub := "pub_" + string(rune('a'+i))
+			if tt.setup != "" {
+				if _, err := conn.Exec(ctx, strings.Replace(tt.setup, "%s", pub, 1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			created, err := EnsurePublication(ctx, conn, pub, tt.schema, tt.table)
+			if tt.fatal != "" {
+				var fe *FatalError
+				if !errors.As(err, &fe) || !strings.Contains(err.Error(), tt.fatal) {
+					t.Fatalf("EnsurePublication: %v; want a FatalError saying %q", err, tt.fatal)
+				}
+				t.Logf("refused: %v", err)
+			} else if err != nil {
+				t.Fatalf("EnsurePublication: %v", err)
+			}
+			if created != tt.created {
+				t.Errorf("created = %v, want %v", created, tt.created)
+			}
+			var viaRoot bool
+			err = conn.QueryRow(ctx, `SELECT pubviaroot FROM pg_publication WHERE pubname = $1`, pub).Scan(&viaRoot)
+			if errors.Is(err, pgx.ErrNoRows) && tt.table == "nothing" {
+				return
+			}
+			if err != nil || viaRoot != tt.viaRoot {
+				t.Errorf("pubviaroot = %v (%v), want %v", viaRoot, err, tt.viaRoot)
+			}
+		})
+	}
+}
+
+// TestOutboxPartitionOfLive: the lookup the stream asks finds partitions of
+// the outbox at any depth, and nothing else: not the outbox itself, not a
+// partition of another table, not a plain table, not a relation that no
+// longer exists.
+func TestOutboxPartitionOfLive(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{NoSchema: true})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	for _, q := range publicationSetup {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	oid := func(name string) uint32 {
+		var id uint32
+		if err := conn.QueryRow(ctx, `SELECT $1::regclass::oid`, name).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	lookup := OutboxPartitionOf(conn, "part", "outbox")
+	for _, tt := range []struct {
+		rel  string
+		oid  uint32
+		want bool
+	}{
+		{"part.outbox_2026", oid("part.outbox_2026"), true},
+		{"part.outbox_2026_low", oid("part.outbox_2026_low"), true},
+		{"part.outbox_default", oid("part.outbox_default"), true},
+		{"part.outbox", oid("part.outbox"), false},
+		{"part.other_default", oid("part.other_default"), false},
+		{"plain.outbox", oid("plain.outbox"), false},
+		{"a dropped relation", 4_000_000_000, false},
+	} {
+		got, err := lookup(ctx, tt.oid)
+		if err != nil || got != tt.want {
+			t.Errorf("%s: partition of part.outbox = %v, %v; want %v", tt.rel, got, err, tt.want)
+		}
+	}
+}
