@@ -482,6 +482,9 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 			Abort:       tctx,
 			Log:         r.log.With("component", "stream", "slot", r.cfg.Slot),
 			Confirmable: func() uint64 { return min(tr.Acked(), sw.durable.Load()) },
+			// An insert named by a partition of the outbox stops the stream
+			// (a publication without publish_via_partition_root).
+			IsOutboxPartition: wal.OutboxPartitionOf(pool, r.schema, r.table),
 			Counters: wal.Counters{
 				Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
 				Refused: r.metrics.Refused.Inc,
