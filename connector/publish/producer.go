@@ -65,6 +65,13 @@ type Producer struct {
 
 	topics map[string]bool // topics known to exist
 
+	// idField is the router's table.field.event.id: the column holding
+	// the event id, which keys dead letters and poison.
+	idField string
+	// at is the WAL position of the event in hand and its ordinal among
+	// the events at that position (see identify).
+	at rowID
+
 	mu      sync.Mutex
 	retry   []pending // records that failed on their own account, to re-examine
 	fatal   error
@@ -79,15 +86,20 @@ type Producer struct {
 
 type pending struct {
 	ev  wal.Event
+	id  rowID
 	rec *kgo.Record
 	err error
 }
 
 // New returns a producer.
 func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Pool, log *slog.Logger, m *metrics.Metrics) *Producer {
+	idField := route.DefaultConfig().FieldEventID
+	if router != nil {
+		idField = router.Config().FieldEventID
+	}
 	return &Producer{
 		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, pool: pool, log: log, metrics: m,
-		topics: map[string]bool{}, wake: make(chan struct{}, 1),
+		topics: map[string]bool{}, wake: make(chan struct{}, 1), idField: idField,
 	}
 }
 
@@ -202,14 +214,15 @@ func (p *Producer) fatalErr() error {
 
 // handle routes one event and produces it (or its dead letter).
 func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
+	id := p.identify(ev.Row)
 	if ev.Err != nil {
-		return p.deadLetter(ctx, ev, "", ev.Err)
+		return p.deadLetter(ctx, ev, id, "", ev.Err)
 	}
 	backoff := 100 * time.Millisecond
 	for {
 		rec, err := p.router.Route(ctx, ev.Row)
 		if err == nil {
-			return p.produce(ctx, ev, rec)
+			return p.produce(ctx, ev, id, rec)
 		}
 		class := route.ClassOf(err)
 		switch {
@@ -230,7 +243,7 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 			}
 			backoff = min(backoff*2, 10*time.Second)
 		case class != "":
-			return p.deadLetter(ctx, ev, intendedTopic(err), err)
+			return p.deadLetter(ctx, ev, id, intendedTopic(err), err)
 		default:
 			return fmt.Errorf("route event: %w", err)
 		}
@@ -253,7 +266,7 @@ func recordSize(r *kgo.Record) int {
 	return n
 }
 
-func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) error {
+func (p *Producer) produce(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record) error {
 	if !p.valid() {
 		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
 	}
@@ -262,18 +275,18 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) e
 	}
 	if size := recordSize(rec); size > p.cfg.MaxMessageBytes {
 		cause := &route.Error{Class: route.ClassTooLarge, Msg: fmt.Sprintf("record of about %d bytes is over the %d-byte limit (OUTBOX_KAFKA_MAX_MESSAGE_BYTES)", size, p.cfg.MaxMessageBytes)}
-		return p.deadLetterTable(ctx, ev, rec.Topic, cause)
+		return p.deadLetterTable(ctx, ev, id, rec.Topic, cause)
 	}
 	if !p.topics[rec.Topic] {
 		if err := p.ensureTopic(ctx, rec.Topic); err != nil {
 			if errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidConfig) {
-				return p.deadLetter(ctx, ev, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka refused to create the topic", Err: err})
+				return p.deadLetter(ctx, ev, id, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka refused to create the topic", Err: err})
 			}
 			return err
 		}
 	}
 	if p.cfg.Transactional {
-		return p.sendTxn(ctx, ev, rec, "", false)
+		return p.sendTxn(ctx, ev, id, rec, "", false)
 	}
 	if p.promise == nil {
 		p.promise = p.idemPromise
@@ -283,7 +296,7 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) e
 	}
 	re := &p.slab[0]
 	p.slab = p.slab[1:]
-	*re = recEvent{Context: ctx, ev: ev}
+	*re = recEvent{Context: ctx, ev: ev, id: id}
 	rec.Context = re
 	p.client.Produce(ctx, rec, p.promise)
 	return nil
@@ -295,19 +308,20 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, rec *kgo.Record) e
 type recEvent struct {
 	context.Context
 	ev wal.Event
+	id rowID
 }
 
 // idemPromise is the promise of every record produced without a
 // transaction.
 func (p *Producer) idemPromise(r *kgo.Record, err error) {
 	re := r.Context.(*recEvent)
-	ev := re.ev
+	ev, id := re.ev, re.id
 	re.ev = wal.Event{} // the slab outlives the event
-	p.done(ev, r, err)
+	p.done(ev, id, r, err)
 }
 
 // done is the promise: it must not block (franz-go calls promises serially).
-func (p *Producer) done(ev wal.Event, r *kgo.Record, err error) {
+func (p *Producer) done(ev wal.Event, id rowID, r *kgo.Record, err error) {
 	if err == nil {
 		p.published(r.Topic).Inc()
 		if p.cfg.Published != nil {
@@ -331,7 +345,7 @@ func (p *Producer) done(ev wal.Event, r *kgo.Record, err error) {
 		p.mu.Unlock()
 	default:
 		p.mu.Lock()
-		p.retry = append(p.retry, pending{ev: ev, rec: r, err: err})
+		p.retry = append(p.retry, pending{ev: ev, id: id, rec: r, err: err})
 		p.mu.Unlock()
 	}
 	select {
@@ -361,19 +375,19 @@ func (p *Producer) drainRetries(ctx context.Context) error {
 		r := pr.rec
 		switch {
 		case errors.Is(pr.err, kerr.InvalidTopicException):
-			if err := p.deadLetter(ctx, pr.ev, r.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: pr.err}); err != nil {
+			if err := p.deadLetter(ctx, pr.ev, pr.id, r.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: pr.err}); err != nil {
 				return err
 			}
 		case isRecordFault(pr.err) && recordSize(r) > p.cfg.MaxMessageBytes/2:
 			// The broker's limit is below ours and this record is large:
 			// it is the one at fault.
-			if err := p.deadLetterTable(ctx, pr.ev, r.Topic, &route.Error{Class: route.ClassTooLarge, Msg: "Kafka rejected the record as too large", Err: pr.err}); err != nil {
+			if err := p.deadLetterTable(ctx, pr.ev, pr.id, r.Topic, &route.Error{Class: route.ClassTooLarge, Msg: "Kafka rejected the record as too large", Err: pr.err}); err != nil {
 				return err
 			}
 		default:
 			p.log.Warn("re-producing a record that failed", "topic", r.Topic, "err", pr.err)
 			rec := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp, Partition: -1}
-			p.client.Produce(ctx, rec, func(r *kgo.Record, err error) { p.done(pr.ev, r, err) })
+			p.client.Produce(ctx, rec, func(r *kgo.Record, err error) { p.done(pr.ev, pr.id, r, err) })
 		}
 	}
 	return nil
@@ -456,19 +470,24 @@ func (p *Producer) checkTopicLimit(ctx context.Context, topic string) error {
 
 // deadLetter produces the DLQ record for an event; a DLQ record too large
 // for Kafka goes to the table instead.
-func (p *Producer) deadLetter(ctx context.Context, ev wal.Event, intended string, cause error) error {
-	rec := route.DeadLetter(ev.Row, intended, cause, p.cfg.DLQTopic)
+func (p *Producer) deadLetter(ctx context.Context, ev wal.Event, id rowID, intended string, cause error) error {
+	var rec *kgo.Record
+	if p.router != nil {
+		rec = p.router.DeadLetter(ev.Row, intended, cause, p.cfg.DLQTopic)
+	} else {
+		rec = route.DeadLetter(ev.Row, intended, cause, p.cfg.DLQTopic)
+	}
 	if p.cfg.Headers != nil {
 		rec.Headers = append(rec.Headers, p.cfg.Headers()...)
 	}
 	if recordSize(rec) > p.cfg.MaxMessageBytes {
-		return p.deadLetterTable(ctx, ev, intended, cause)
+		return p.deadLetterTable(ctx, ev, id, intended, cause)
 	}
 	class := classOf(cause)
 	p.log.Warn("dead-lettering an event to the DLQ topic", "topic", intended, "dlq", p.cfg.DLQTopic, "class", class, "lsn", wal.FormatLSN(ev.Row.Source.LSN), "err", cause)
 	p.metrics.DeadLettered.WithLabelValues(intended, class, "topic").Inc()
 	if p.cfg.Transactional {
-		return p.sendTxn(ctx, ev, rec, intended, true)
+		return p.sendTxn(ctx, ev, id, rec, intended, true)
 	}
 	if !p.valid() {
 		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
@@ -478,7 +497,7 @@ func (p *Producer) deadLetter(ctx context.Context, ev wal.Event, intended string
 			ev.Txn.Done()
 			return
 		}
-		p.done(ev, r, err)
+		p.done(ev, id, r, err)
 	})
 	return nil
 }
@@ -491,14 +510,38 @@ func classOf(err error) string {
 	return "unknown"
 }
 
+// insertDeadLetter stores a dead letter unless a row with its id is there
+// already, and says which: inserted, or whether the row there holds the
+// same event (the same columns: a repeat after a restart read it again).
+// The outer SELECT sees the table as it was before the INSERT, so "same"
+// is about a row stored earlier.
 const insertDeadLetter = `
-INSERT INTO public.outbox_dead_letter (id, aggregatetype, aggregateid, type, payload, row_data, column_types, topic, error, error_class, source_lsn)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::pg_lsn)
-ON CONFLICT (id) DO NOTHING`
+WITH ins AS (
+    INSERT INTO public.outbox_dead_letter (id, aggregatetype, aggregateid, type, payload, row_data, column_types, topic, error, error_class, source_lsn)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::pg_lsn)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM ins),
+       EXISTS (SELECT 1 FROM public.outbox_dead_letter WHERE id = $1 AND row_data = $6::jsonb)`
+
+// maxDeadLetterIDs bounds the distinct ids tried for one dead letter whose
+// event id is taken by other events (see deadLetterTable).
+const maxDeadLetterIDs = 100
 
 // deadLetterTable keeps an event whole in outbox_dead_letter (synchronously,
 // retrying until it is stored: it is acked only once durable).
-func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, intended string, cause error) error {
+//
+// The row's id is the event id (table.field.event.id), as the table's
+// contract says. An event without one gets an id from its place in the WAL
+// (commit LSN, LSN, ordinal: see rowID), the same in every session, unique
+// among events (the rows of a snapshot all have LSN 0, those of a COPY share
+// theirs). When the id is taken, the stored row is compared: the same event
+// is a repeat (the session before stored it, then stopped before its
+// position was confirmed) and is acked; a different event (an event id
+// reused by the application) is stored under the id with a suffix, "#2",
+// "#3"..., and a warning says so. A dead letter is never acked unless its
+// row is in the table.
+func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, intended string, cause error) error {
 	row := ev.Row
 	col := func(name string) *string {
 		if c := row.Lookup(name); c != nil && !c.Null {
@@ -515,21 +558,35 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, intended s
 	}
 	data, _ := json.Marshal(obj)
 	typeData, _ := json.Marshal(types)
-	id := col("id")
-	if id == nil {
-		s := "lsn:" + strconv.FormatUint(row.Source.LSN, 10)
-		id = &s
+	eventID := ""
+	if v := col(p.idField); v != nil {
+		eventID = *v
+	} else {
+		eventID = "lsn:" + wal.FormatLSN(id.commit) + ":" + wal.FormatLSN(id.lsn) + ":" + strconv.FormatUint(uint64(id.ord), 10)
 	}
 	class := classOf(cause)
 	backoff := 100 * time.Millisecond
+	key, n := eventID, 1
 	for {
 		if !p.valid() {
 			return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
 		}
-		_, err := p.pool.Exec(ctx, insertDeadLetter, *id, col("aggregatetype"), col("aggregateid"), col("type"), col("payload"),
-			data, typeData, intended, cause.Error(), class, wal.FormatLSN(row.Source.LSN))
+		var inserted, same bool
+		err := p.pool.QueryRow(ctx, insertDeadLetter, key, col("aggregatetype"), col("aggregateid"), col("type"), col("payload"),
+			data, typeData, intended, cause.Error(), class, wal.FormatLSN(row.Source.LSN)).Scan(&inserted, &same)
 		if err == nil {
-			break
+			if inserted || same {
+				break
+			}
+			// Another event holds this id: keep this one too, under
+			// the next free one.
+			if n++; n > maxDeadLetterIDs {
+				err = fmt.Errorf("event id %q and %d variants of it are taken by other dead letters", eventID, maxDeadLetterIDs)
+			} else {
+				p.log.Warn("another dead letter holds this event id; storing this event under a suffixed id", "id", eventID, "stored_as", eventID+"#"+strconv.Itoa(n), "lsn", wal.FormatLSN(row.Source.LSN))
+				key = eventID + "#" + strconv.Itoa(n)
+				continue
+			}
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -542,7 +599,7 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, intended s
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
-	p.log.Warn("dead-lettered an event to the outbox_dead_letter table", "id", *id, "topic", intended, "class", class, "lsn", wal.FormatLSN(row.Source.LSN), "err", cause)
+	p.log.Warn("dead-lettered an event to the outbox_dead_letter table", "id", key, "topic", intended, "class", class, "lsn", wal.FormatLSN(row.Source.LSN), "err", cause)
 	p.metrics.DeadLettered.WithLabelValues(intended, class, "table").Inc()
 	ev.Txn.Done()
 	return nil

@@ -95,28 +95,54 @@ func (ps *Poison) lookup(topic string, id rowID) error {
 	return ps.m[key]
 }
 
-// rowID identifies an outbox row across sessions: the WAL position of its
-// row and a hash of its event id (snapshot rows share a position).
+// rowID identifies an outbox row across sessions: its place in the WAL
+// (its transaction's commit LSN, its own LSN, and its ordinal among the
+// events at that position: the rows of a snapshot all have LSN 0 and the
+// snapshot's LSN as commit LSN, the rows of one multi-insert (COPY) share
+// an LSN) and a hash of its event id (the column table.field.event.id
+// names). Reading the WAL again gives the same events in the same order,
+// and a snapshot is read in a fixed order, so a row has the same rowID in
+// every session; two rows never share one.
 type rowID struct {
-	lsn uint64
-	id  uint64
+	commit, lsn uint64
+	ord         uint32
+	id          uint64
 }
 
-// idOf hashes the id with FNV-1a, inline: no allocation per record.
-func idOf(row *route.Row) rowID {
+// identify returns the rowID of the next event, row. It must see every
+// event, in order: the ordinal counts the events at one position.
+func (p *Producer) identify(row *route.Row) rowID {
+	if row == nil {
+		return rowID{}
+	}
+	src := &row.Source
+	if src.CommitLSN == p.at.commit && src.LSN == p.at.lsn {
+		p.at.ord++
+	} else {
+		p.at = rowID{commit: src.CommitLSN, lsn: src.LSN}
+	}
+	id := p.at
+	// FNV-1a, inline: no allocation per record.
 	h := uint64(14695981039346656037)
-	if c := row.Lookup("id"); c != nil {
+	if c := row.Lookup(p.idField); c != nil && !c.Null {
 		for _, b := range c.Value {
 			h ^= uint64(b)
 			h *= 1099511628211
 		}
 	}
-	return rowID{lsn: row.Source.LSN, id: h}
+	id.id = h
+	return id
 }
 
 // poisonKey identifies a record across sessions: its topic and its row.
 func poisonKey(topic string, id rowID) string {
-	return topic + "\x00" + strconv.FormatUint(id.lsn, 10) + "\x00" + strconv.FormatUint(id.id, 16)
+	b := make([]byte, 0, len(topic)+64)
+	b = append(b, topic...)
+	for _, v := range [...]uint64{id.commit, id.lsn, uint64(id.ord), id.id} {
+		b = append(b, 0)
+		b = strconv.AppendUint(b, v, 16)
+	}
+	return string(b)
 }
 
 // txnRec is what a record of the open transaction leaves behind once
@@ -203,20 +229,19 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 
 // sendTxn produces rec in the open transaction (opening one if needed).
 // intended is the topic a DLQ record's event was meant for.
-func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, rec *kgo.Record, intended string, dlq bool) error {
+func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool) error {
 	if !p.valid() {
 		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
 	}
 	size := recordSize(rec)
-	id := idOf(ev.Row)
 	if cause := p.cfg.Poison.lookup(rec.Topic, id); cause != nil {
 		if !dlq && errors.Is(cause, kerr.InvalidTopicException) {
-			return p.deadLetter(ctx, ev, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: cause})
+			return p.deadLetter(ctx, ev, id, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: cause})
 		}
 		if !dlq {
 			intended = rec.Topic
 		}
-		return p.deadLetterTable(ctx, ev, intended, &route.Error{Class: route.ClassTooLarge, Msg: "Kafka rejected the record", Err: cause})
+		return p.deadLetterTable(ctx, ev, id, intended, &route.Error{Class: route.ClassTooLarge, Msg: "Kafka rejected the record", Err: cause})
 	}
 	if !p.txn.open {
 		if err := p.client.BeginTransaction(); err != nil {
