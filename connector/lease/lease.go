@@ -3,16 +3,20 @@
 // holder and carries a fencing token that grows by one on every acquisition.
 //
 // The row is the authority; its expiry is computed with the database's clock
-// (clock_timestamp()), never with a clock of the hosts. The holder renews the
-// row about every third of the TTL and, by its own monotonic clock counted
-// from when it sent the last successful renewal, stops before the database
-// could give the lease to anyone else (Term.Valid). A standby takes the row
-// when it has lapsed, when it was released, or at once when the holder's
-// lease session no longer exists in pg_stat_activity (the holder was killed
-// or its connection cut). A session-level advisory lock, held by the leader
-// on its lease session, wakes the standbys the moment that session ends so
-// that they need not poll; it is a hint only, since a PostgreSQL restart
-// drops every advisory lock.
+// (clock_timestamp()), never with a clock of the hosts, and whether it has
+// lapsed is decided by the same clock. The holder renews the row about every
+// third of the TTL and, by its own monotonic clock counted from when it sent
+// the last successful renewal, stops before the database could give the
+// lease to anyone else (Term.Valid). A standby takes the row when it has
+// lapsed, when it was released, or, unless Config.WaitForExpiry, at once when
+// the holder's lease session no longer exists in pg_stat_activity (the holder
+// was killed or its connection cut). That early takeover is safe only where
+// the sink fences the old leader (Kafka's producer epoch in transactional
+// mode): a holder whose connection died silently does not know, and may
+// publish until its own deadline. A session-level advisory lock, held by the
+// leader on its lease session, wakes the standbys the moment that session
+// ends so that they need not poll; it is a hint only, since a PostgreSQL
+// restart drops every advisory lock.
 //
 // The token fences the sinks: the connector's state writes are conditional
 // on it (wal.Fence), and it travels in every Kafka record (header
@@ -52,6 +56,14 @@ type Config struct {
 	// (default a tenth of the TTL, between 50ms and 1s). The end of the
 	// leader's session and the lease's expiry wake it sooner.
 	Poll time.Duration
+	// WaitForExpiry is for sinks that do not fence a deposed leader (the
+	// idempotent Kafka producer, OUTBOX_KAFKA_TRANSACTIONAL=false): a
+	// standby then takes a lease its holder did not release only once the
+	// lease has expired by the database's clock, even when the holder's
+	// lease session is gone. Default false: a standby takes over as soon as
+	// the holder's lease session ends, which is safe where the sink fences
+	// (Kafka's producer epoch).
+	WaitForExpiry bool
 	// Log receives leadership changes, with the token.
 	Log *slog.Logger
 	// OnAcquire and OnEnd, when set, are called when a term starts and ends
@@ -65,8 +77,20 @@ func RenewEvery(ttl time.Duration) time.Duration { return ttl / 3 }
 
 // guard is how long before the database could hand the lease to someone
 // else a leader stops: time to stop the stream and abort the open Kafka
-// transaction, and room for the two clocks to run at slightly different
-// rates.
+// transaction (or, without transactions, to close the Kafka client so that
+// nothing it buffered is sent or retried), and room for the two clocks to run
+// at slightly different rates.
+//
+// Why the deadline falls before the expiry: the leader takes sent from its
+// clock before it sends the statement (acquire, hold); the database computes
+// the expiry as clock_timestamp() + TTL while the statement runs, so after
+// sent, and the leader's deadline is sent + TTL - guard whenever the reply
+// arrives (extend). Only durations are compared, never instants of two
+// clocks: the deadline precedes the expiry by at least the guard as long as
+// neither clock gains more than the guard on the other over one TTL. A step
+// of the database's clock forward (an NTP step, not a slew) by more than the
+// guard breaks that, and so does a host clock that stops while the machine
+// is suspended: see Valid.
 func guard(ttl time.Duration) time.Duration { return max(ttl/10, 50*time.Millisecond) }
 
 // Term is one leadership of this instance: from the acquisition of the lease
@@ -88,39 +112,49 @@ type Term struct {
 
 	mu       sync.Mutex
 	deadline time.Time // monotonic: the leader stops here unless renewed
+	wall     time.Time // the same deadline by the wall clock (no monotonic reading)
 	timer    *time.Timer
 }
 
 func newTerm(slot string, token int64, sent time.Time, ttl time.Duration) *Term {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	t := &Term{Token: token, Acquired: sent, slot: slot, ctx: ctx, cancel: cancel, deadline: sent.Add(ttl - guard(ttl))}
+	d := sent.Add(ttl - guard(ttl))
+	t := &Term{Token: token, Acquired: sent, slot: slot, ctx: ctx, cancel: cancel, deadline: d, wall: d.Round(0)}
 	t.timer = time.AfterFunc(time.Until(t.deadline), t.expire)
 	return t
 }
 
+// left is how long the term has to run at now: by the monotonic clock, and
+// never longer than by the wall clock (see Valid).
+func (t *Term) left(now time.Time) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return min(t.deadline.Sub(now), t.wall.Sub(now.Round(0)))
+}
+
+// errDeadline ends a term whose deadline passed without a renewal.
+var errDeadline = fmt.Errorf("%w: no renewal succeeded in time (deadline passed by this instance's clock)", ErrLost)
+
 // expire ends the term when its deadline passed without a renewal. The
 // timer may fire late (a frozen process): Valid does not depend on it.
 func (t *Term) expire() {
-	t.mu.Lock()
-	d := t.deadline
-	t.mu.Unlock()
-	if wait := time.Until(d); wait > 0 {
+	if wait := t.left(time.Now()); wait > 0 {
 		t.mu.Lock()
 		t.timer.Reset(wait)
 		t.mu.Unlock()
 		return
 	}
-	t.end(fmt.Errorf("%w: no renewal succeeded in time (deadline passed by this instance's monotonic clock)", ErrLost))
+	t.end(errDeadline)
 }
 
 // extend moves the deadline to sent+TTL-guard after a renewal sent at sent
 // succeeded. The database computed the new expiry after sent, so the
-// deadline falls before it.
+// deadline falls before it (see guard).
 func (t *Term) extend(sent time.Time, ttl time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if d := sent.Add(ttl - guard(ttl)); d.After(t.deadline) {
-		t.deadline = d
+		t.deadline, t.wall = d, d.Round(0)
 	}
 }
 
@@ -151,11 +185,40 @@ func (t *Term) Deadline() time.Time {
 }
 
 // Valid reports whether this instance may still act as the leader: the term
-// has not ended and its deadline has not passed by the monotonic clock. It
-// does not wait for the deadline's timer, so a process resumed after a
-// freeze sees at once that it lost the lease.
+// has not ended and its deadline has passed by neither the monotonic clock
+// nor the wall clock. It does not wait for the deadline's timer, so a
+// process resumed after a freeze sees at once that it lost the lease; the
+// first call that finds the deadline passed ends the term (its context), so
+// that everything bound to it stops then, not when the timer runs.
+//
+// Why the wall clock too: Go's monotonic clock is CLOCK_MONOTONIC on Linux,
+// which does not advance while the machine is suspended. A process resumed
+// from a suspend reads less elapsed time than really passed and, by that
+// clock alone, would think its term still had what was left of it before the
+// suspend, while the database's clock ran on, the lease lapsed and a standby
+// may lead. On resume the kernel advances the wall clock (CLOCK_REALTIME,
+// read by the same time.Now, at no extra cost) by the time spent suspended,
+// as it does CLOCK_BOOTTIME; so the wall clock shows the deadline passed at
+// once. A wall clock stepped back (NTP) is caught by the monotonic one; one
+// stepped forward only ends a term early. CLOCK_BOOTTIME would cost a
+// system call on every check (per record) and sees no more than the wall
+// clock does. What no clock of the host can see is a pause that stops every
+// clock of a virtual machine (a hypervisor that pauses the guest's clock
+// source, as QEMU does on stop, until the guest's time is set again by NTP
+// or its agent): until the guest's wall clock is corrected, Valid may hold
+// for what was left of the term (at most TTL - guard). The renewal due then
+// (at most a third of the TTL after the last one) is refused, since another
+// instance holds the token, and the new leader's termination of the old
+// lease session ends the term as soon as the resumed process reads it.
 func (t *Term) Valid() bool {
-	return t.ctx.Err() == nil && time.Now().Before(t.Deadline())
+	if t.ctx.Err() != nil {
+		return false
+	}
+	if t.left(time.Now()) > 0 {
+		return true
+	}
+	t.end(errDeadline)
+	return false
 }
 
 // Lost reports whether the term ended because the lease was lost rather

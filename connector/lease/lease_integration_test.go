@@ -29,9 +29,15 @@ type candidate struct {
 
 func startCandidate(t *testing.T, dsn, holder string, ttl time.Duration) *candidate {
 	t.Helper()
+	return startCandidateCfg(t, Config{DSN: dsn, Slot: "s1", Holder: holder, TTL: ttl, Poll: 200 * time.Millisecond})
+}
+
+// startCandidateCfg is startCandidate with the whole configuration.
+func startCandidateCfg(t *testing.T, cfg Config) *candidate {
+	t.Helper()
 	c := &candidate{done: make(chan error, 1), ended: map[int64]time.Time{}}
-	log := slog.New(slog.NewTextHandler(testLog{t, holder}, nil))
-	c.e = New(Config{DSN: dsn, Slot: "s1", Holder: holder, TTL: ttl, Poll: 200 * time.Millisecond, Log: log})
+	cfg.Log = slog.New(slog.NewTextHandler(testLog{t, cfg.Holder}, nil))
+	c.e = New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	go func() {

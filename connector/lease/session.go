@@ -25,13 +25,14 @@ const AppName = "outbox-connector lease"
 // started, nor any clock of the hosts).
 const (
 	// queryTake takes the lease when it may be taken: it lapsed, was
-	// released, or its holder's lease session no longer exists (pid is
-	// visible in pg_stat_activity whatever the role). The condition is on
-	// the row being updated, so a concurrent renewal or takeover is seen
-	// (the update re-checks the newest version). Every acquisition gets a
-	// new token. One statement: no lock outlives it, whatever happens to
-	// this client. old reports the previous holder, for the log and to end
-	// its lease session.
+	// released, or, unless $4 (Config.WaitForExpiry), its holder's lease
+	// session no longer exists (pid is visible in pg_stat_activity whatever
+	// the role). Lapsed and released are decided by the database's clock
+	// alone, the clock that set the expiry. The condition is on the row
+	// being updated, so a concurrent renewal or takeover is seen (the update
+	// re-checks the newest version). Every acquisition gets a new token. One
+	// statement: no lock outlives it, whatever happens to this client. old
+	// reports the previous holder, for the log and to end its lease session.
 	queryTake = `
 WITH old AS (
     SELECT holder, coalesce(holder_pid, 0) AS pid,
@@ -44,14 +45,16 @@ SET holder = $2, token = l.token + 1, holder_pid = pg_backend_pid(),
 FROM old
 WHERE l.slot_name = $1
   AND (l.expires_at <= clock_timestamp() OR l.holder_pid IS NULL
-       OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid))
+       OR (NOT $4::boolean AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid)))
 RETURNING l.token, old.holder, old.pid, old.alive, old.lapsed`
 
-	// queryLook reads a lease that could not be taken: who holds it, and
-	// how long until it lapses by the database's clock.
+	// queryLook reads a lease that could not be taken: who holds it, how
+	// long until it lapses by the database's clock, and whether the
+	// holder's lease session still exists.
 	queryLook = `
-SELECT holder, token, greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
-FROM public.outbox_lease WHERE slot_name = $1`
+SELECT holder, token, greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint,
+       holder_pid IS NOT NULL AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = o.holder_pid)
+FROM public.outbox_lease o WHERE slot_name = $1`
 
 	queryInsert = `
 INSERT INTO public.outbox_lease (slot_name, holder, token, holder_pid, acquired_at, expires_at)
@@ -283,13 +286,13 @@ func (e *Elector) tryAcquire(ctx context.Context) (sight, error) {
 	ttl := e.cfg.TTL.Milliseconds()
 	conn := e.sess.conn
 	var lapsed bool
-	err := conn.QueryRow(ctx, queryTake, e.cfg.Slot, e.cfg.Holder, ttl).Scan(&s.token, &s.holder, &s.pid, &s.alive, &lapsed)
+	err := conn.QueryRow(ctx, queryTake, e.cfg.Slot, e.cfg.Holder, ttl, e.cfg.WaitForExpiry).Scan(&s.token, &s.holder, &s.pid, &s.alive, &lapsed)
 	switch {
 	case err == nil:
 		switch {
 		case s.pid == 0:
 			s.reason = "released"
-		case !s.alive:
+		case !s.alive && !lapsed:
 			s.reason = "holder session ended"
 		default:
 			s.reason = "expired"
@@ -300,7 +303,7 @@ func (e *Elector) tryAcquire(ctx context.Context) (sight, error) {
 		return s, fmt.Errorf("take the leader lease: %w", err)
 	}
 	var remaining int64
-	err = conn.QueryRow(ctx, queryLook, e.cfg.Slot).Scan(&s.holder, &s.token, &remaining)
+	err = conn.QueryRow(ctx, queryLook, e.cfg.Slot).Scan(&s.holder, &s.token, &remaining, &s.alive)
 	switch {
 	case err == nil:
 		s.remaining = time.Duration(remaining) * time.Millisecond
@@ -365,7 +368,7 @@ func (e *Elector) acquire(ctx context.Context) (*Term, error) {
 			seen = now
 			e.cfg.Log.Info("standing by", "slot", e.cfg.Slot, "leader", s.holder, "token", s.token, "expires_in", s.remaining)
 		}
-		e.waitHolder(ctx, s.remaining)
+		e.waitHolder(ctx, s)
 	}
 }
 
@@ -405,8 +408,16 @@ func (e *Elector) tryLock(ctx context.Context) {
 // waitHolder waits until the lease may have become free: the advisory lock
 // (held by the leader's session) is granted the moment that session ends;
 // otherwise the wait ends when the lease lapses, or after Poll.
-func (e *Elector) waitHolder(ctx context.Context, remaining time.Duration) {
-	wait := min(max(remaining+10*time.Millisecond, 10*time.Millisecond), e.cfg.Poll)
+func (e *Elector) waitHolder(ctx context.Context, s sight) {
+	wait := min(max(s.remaining+10*time.Millisecond, 10*time.Millisecond), e.cfg.Poll)
+	if e.sess.locked && e.cfg.WaitForExpiry && !s.alive {
+		// The holder's session is gone but its lease runs until it lapses
+		// by the database's clock: nothing before that frees it but a
+		// release, which would need a live holder. Keep the lock (no other
+		// session wants it) and look again at the expiry.
+		sleep(ctx, wait)
+		return
+	}
 	if e.sess.locked {
 		// We hold the lock yet could not take the lease. A backend that
 		// exits releases its locks a moment before it leaves

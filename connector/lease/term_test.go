@@ -53,21 +53,71 @@ func TestTermDeadline(t *testing.T) {
 	}
 }
 
-// TestTermValidWithoutTimer: Valid compares the monotonic clock with the
-// deadline itself, so a process whose timers have not run yet (just resumed
-// after SIGSTOP) does not act as leader past its deadline.
+// TestTermValidWithoutTimer: Valid compares the clocks with the deadline
+// itself, so a process whose timers have not run yet (just resumed after
+// SIGSTOP) does not act as leader past its deadline; and the first look
+// past the deadline ends the term, so that what hangs on its context stops
+// then, not when the timer runs.
 func TestTermValidWithoutTimer(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	// A deadline passed, and a timer that has not fired yet.
-	term := &Term{Token: 1, ctx: ctx, cancel: cancel, deadline: time.Now().Add(-time.Millisecond), timer: time.NewTimer(time.Hour)}
+	d := time.Now().Add(-time.Millisecond)
+	term := &Term{Token: 1, ctx: ctx, cancel: cancel, deadline: d, wall: d.Round(0), timer: time.NewTimer(time.Hour)}
 	defer term.timer.Stop()
 	if term.Valid() {
 		t.Fatal("a term past its deadline is valid")
 	}
-	if term.Err() != nil {
-		t.Fatalf("the term already ended: %v", term.Err())
+	if !term.Lost() {
+		t.Fatalf("the term did not end as lost when Valid found its deadline passed: %v", term.Err())
 	}
+}
+
+// TestTermValidAfterSuspend: the machine was suspended, so the monotonic
+// clock says the deadline is still ahead while the wall clock (advanced by
+// the kernel on resume) says it passed: the term is not valid, and ends.
+// The other way round (the wall clock stepped back) the monotonic clock
+// still ends it at its deadline.
+func TestTermValidAfterSuspend(t *testing.T) {
+	const ttl = 10 * time.Second
+	t.Run("suspended", func(t *testing.T) {
+		term := newTerm("s", 3, time.Now(), ttl)
+		defer term.end(nil)
+		if !term.Valid() {
+			t.Fatal("a new term is not valid")
+		}
+		// As after a 30 s suspend: the monotonic deadline still ahead, the
+		// wall-clock deadline 30 s - (TTL - guard) behind.
+		term.mu.Lock()
+		term.wall = term.wall.Add(-30 * time.Second)
+		term.mu.Unlock()
+		if term.Valid() {
+			t.Fatalf("term valid %s before its monotonic deadline although the wall clock passed it", time.Until(term.Deadline()).Round(time.Millisecond))
+		}
+		select {
+		case <-term.Context().Done():
+		default:
+			t.Fatal("the term's context did not end")
+		}
+		if !term.Lost() {
+			t.Errorf("term ended with %v; want ErrLost", term.Err())
+		}
+	})
+	t.Run("wall clock stepped back", func(t *testing.T) {
+		const short = 200 * time.Millisecond
+		sent := time.Now()
+		term := newTerm("s", 4, sent, short)
+		defer term.end(nil)
+		term.mu.Lock()
+		term.wall = term.wall.Add(time.Hour)
+		term.mu.Unlock()
+		for term.Valid() {
+			time.Sleep(time.Millisecond)
+		}
+		if lived, want := time.Since(sent), short-guard(short); lived < want || lived > want+100*time.Millisecond {
+			t.Errorf("term lived %s; want its monotonic deadline, %s", lived, want)
+		}
+	})
 }
 
 // TestGuard: the leader stops a tenth of the TTL (at least 50 ms) before the
