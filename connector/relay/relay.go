@@ -91,7 +91,9 @@ func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.M
 	r := &Relay{cfg: cfg, log: log, metrics: m, router: router, schema: schema, table: table}
 	r.elector = lease.New(lease.Config{
 		DSN: cfg.PGDSN, Slot: cfg.Slot, Holder: lease.DefaultHolder(), TTL: cfg.LeaseTTL,
-		Log: log.With("component", "lease"),
+		// Without Kafka transactions nothing fences a deposed leader at the
+		// broker: a standby waits until the old lease has expired.
+		WaitForExpiry: !cfg.Transactional, Log: log.With("component", "lease"),
 		OnAcquire: func(t *lease.Term) {
 			m.Takeovers.Inc()
 			m.LeaseToken.Set(float64(t.Token))
