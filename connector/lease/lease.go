@@ -283,8 +283,8 @@ type LeadFunc func(ctx context.Context, t *Term) error
 
 // Run competes for the lease until ctx ends, running lead for each term
 // won. A term lost involuntarily is followed by a pause of one renewal
-// interval before competing again, so that a standby that saw the loss
-// first takes over. Run returns nil at shutdown, or the first error of lead
+// interval (with WaitForExpiry, one TTL) before competing again, so that a
+// standby that saw the loss first takes over. Run returns nil at shutdown, or the first error of lead
 // that does not wrap ErrLost (after releasing the lease).
 func (e *Elector) Run(ctx context.Context, lead LeadFunc) error {
 	defer e.closeSession()
@@ -314,6 +314,13 @@ func (e *Elector) Run(ctx context.Context, lead LeadFunc) error {
 			pause = 0
 			if t.Lost() {
 				pause = RenewEvery(e.cfg.TTL)
+				if e.cfg.WaitForExpiry {
+					// No standby may take the lease before it expires, at
+					// most a TTL from now: step aside that long, so that a
+					// standby rather than this instance (whose connection
+					// or clock just failed it) takes over at the expiry.
+					pause = e.cfg.TTL
+				}
 			}
 		default:
 			return err
