@@ -26,6 +26,19 @@ type Metrics struct {
 	// KafkaTxnCommit is how long a commit takes: flushing the transaction's
 	// records, then ending it.
 	KafkaTxnCommit prometheus.Histogram
+	// KafkaRefused counts records Kafka refused for their own account
+	// (INVALID_TIMESTAMP, INVALID_RECORD, MESSAGE_TOO_LARGE, ...), by
+	// topic and verdict: suspect when a batch holding it failed, innocent
+	// when it then passed alone, guilty when it failed alone too (and was
+	// dead-lettered).
+	KafkaRefused *prometheus.CounterVec
+	// TopicMissing is 1 for a topic the connector waits for: it does not
+	// exist and OUTBOX_TOPIC_CREATE=false.
+	TopicMissing *prometheus.GaugeVec
+	// OrderViolations counts records the idempotent producer saw acked
+	// after an earlier record of their key had failed: consumers may see
+	// them before it. Expected to stay 0 (see publish's idemPromise).
+	OrderViolations prometheus.Counter
 	// outbox_connector_leader is a gauge function the relay registers
 	// (computed at scrape time from the lease, see relay.New).
 }
@@ -82,13 +95,26 @@ func New() *Metrics {
 			Help:    "Time to commit a Kafka transaction: flush its records, then end it.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
+		KafkaRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_kafka_refused_records_total",
+			Help: "Records Kafka refused for their own account, by topic and verdict (suspect: its batch failed; innocent: it passed alone; guilty: it failed alone and was dead-lettered).",
+		}, []string{"topic", "verdict"}),
+		TopicMissing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outbox_connector_topic_missing",
+			Help: "1 while the connector waits for a topic that does not exist (OUTBOX_TOPIC_CREATE=false).",
+		}, []string{"topic"}),
+		OrderViolations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_order_violations_total",
+			Help: "Records acked by Kafka after an earlier record of the same key failed (idempotent mode); consumers may have seen them out of order.",
+		}),
 		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_snapshot_events_total",
 			Help: "Rows published by initial snapshots.",
 		}),
 	}
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
-		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit)
+		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit,
+		m.KafkaRefused, m.TopicMissing, m.OrderViolations)
 	return m
 }
 
