@@ -283,7 +283,7 @@ type LeadFunc func(ctx context.Context, t *Term) error
 
 // Run competes for the lease until ctx ends, running lead for each term
 // won. A term lost involuntarily is followed by a pause of one renewal
-// interval (with WaitForExpiry, one TTL) before competing again, so that a
+// interval (with WaitForExpiry, a TTL and a Poll) before competing again, so that a
 // standby that saw the loss first takes over. Run returns nil at shutdown, or the first error of lead
 // that does not wrap ErrLost (after releasing the lease).
 func (e *Elector) Run(ctx context.Context, lead LeadFunc) error {
@@ -316,10 +316,11 @@ func (e *Elector) Run(ctx context.Context, lead LeadFunc) error {
 				pause = RenewEvery(e.cfg.TTL)
 				if e.cfg.WaitForExpiry {
 					// No standby may take the lease before it expires, at
-					// most a TTL from now: step aside that long, so that a
-					// standby rather than this instance (whose connection
-					// or clock just failed it) takes over at the expiry.
-					pause = e.cfg.TTL
+					// most a TTL from now, and a standby looks again at the
+					// expiry or within Poll: step aside that long, so that
+					// a standby rather than this instance (whose connection
+					// or clock just failed it) takes over.
+					pause = e.cfg.TTL + e.cfg.Poll
 				}
 			}
 		default:
