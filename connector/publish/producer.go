@@ -51,6 +51,11 @@ type Config struct {
 	// holds the leader lease); checked before every record, every dead
 	// letter and every commit.
 	Valid func() bool
+	// Blocked, when set, is told what holds the line back while the
+	// producer waits for something only an operator can fix (a topic that
+	// does not exist with TopicCreate off), and "" once it no longer does;
+	// the relay shows it as its last error (/readyz detail).
+	Blocked func(reason string)
 }
 
 // Producer turns events into records and produces them.
@@ -400,6 +405,9 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 		return nil
 	}
 	if !p.cfg.TopicCreate {
+		if err := p.waitTopic(ctx, topic); err != nil {
+			return err
+		}
 		if err := p.checkTopicLimit(ctx, topic); err != nil {
 			return err
 		}
@@ -434,6 +442,60 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// waitTopic waits, with a growing pause, until topic exists, saying so at
+// every look: without OUTBOX_TOPIC_CREATE the connector may not create it,
+// and franz-go would otherwise hold its records without a word
+// (UnknownTopicRetries(-1)), the line stopped silently. The events for it
+// and every event after them wait (skipping them would break the order);
+// the error log line, outbox_connector_topic_missing{topic} and the Blocked
+// hook tell the operator what to do. A topic whose existence cannot be read
+// is let through, as checkTopicLimit does; refused access is fatal.
+func (p *Producer) waitTopic(ctx context.Context, topic string) error {
+	backoff := time.Second
+	for waited := false; ; waited = true {
+		details, err := p.admin.ListTopics(ctx, topic)
+		if err == nil {
+			if d, ok := details[topic]; !ok {
+				err = kerr.UnknownTopicOrPartition
+			} else {
+				err = d.Err
+			}
+		}
+		switch {
+		case err == nil:
+			if waited {
+				p.log.Info("the topic exists now; publishing its events", "topic", topic)
+				p.metrics.TopicMissing.WithLabelValues(topic).Set(0)
+				p.blocked("")
+			}
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case isFatalKafka(err):
+			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to describe topic %q; grant DESCRIBE on the topics", topic), Err: err}
+		case !errors.Is(err, kerr.UnknownTopicOrPartition):
+			p.log.Debug("could not tell whether the topic exists", "topic", topic, "err", err)
+			return nil
+		}
+		msg := fmt.Sprintf("topic %q does not exist and OUTBOX_TOPIC_CREATE=false: its events and all after them wait; create it (kafka-topics.sh --create --topic %s) or set OUTBOX_TOPIC_CREATE=true", topic, topic)
+		p.log.Error(msg, "topic", topic, "retry_in", backoff)
+		p.metrics.TopicMissing.WithLabelValues(topic).Set(1)
+		p.blocked(msg)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+func (p *Producer) blocked(reason string) {
+	if p.cfg.Blocked != nil {
+		p.cfg.Blocked(reason)
 	}
 }
 

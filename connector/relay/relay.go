@@ -606,6 +606,9 @@ func (r *Relay) producerConfig(l *leadership) publish.Config {
 		TopicConfigs: cfgs, Headers: func() []kgo.RecordHeader { return l.headers }, Published: &r.published,
 		Transactional: r.cfg.Transactional, TxnInterval: r.cfg.TxnInterval, TxnMaxRecords: r.cfg.MaxInFlight,
 		Poison: &r.poison, Valid: l.term.Valid,
+		// A producer waiting for what only an operator can fix (a missing
+		// topic) says so in /readyz detail.
+		Blocked: func(reason string) { r.lastErr.Store(&reason) },
 	}
 }
 
