@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/connector/config"
+	"github.com/pgoutbox/pgoutbox/connector/fault"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
@@ -48,6 +49,12 @@ func startRelay(t testing.TB, cfg config.Config) *running {
 // startRelayRouting is startRelay with the router's configuration.
 func startRelayRouting(t testing.TB, cfg config.Config, rcfg route.Config) *running {
 	t.Helper()
+	return startRelayFaults(t, cfg, rcfg, nil)
+}
+
+// startRelayFaults is startRelayRouting with a fault hook.
+func startRelayFaults(t testing.TB, cfg config.Config, rcfg route.Config, hook fault.Hook) *running {
+	t.Helper()
 	router, err := route.New(rcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +66,7 @@ func startRelayRouting(t testing.TB, cfg config.Config, rcfg route.Config) *runn
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 	m := metrics.New()
 	r := New(cfg, router, log, m)
+	r.faults = hook
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &running{cancel: cancel, done: make(chan error, 1), relay: r, m: m}
 	go func() { run.done <- r.Run(ctx) }()

@@ -31,6 +31,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/pgoutbox/pgoutbox/connector/config"
+	"github.com/pgoutbox/pgoutbox/connector/fault"
 	"github.com/pgoutbox/pgoutbox/connector/lease"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/publish"
@@ -59,6 +60,9 @@ type Relay struct {
 	elector *lease.Elector
 	lead    atomic.Pointer[leadership] // the current or last term
 	poison  publish.Poison             // records that aborted a Kafka transaction
+
+	// faults, set by tests only, fails or stops a session at a named step.
+	faults fault.Hook
 }
 
 // TokenHeader is the record header carrying the lease's fencing token
@@ -459,6 +463,9 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	if snapshot != nil {
 		streamErr = r.publishSnapshot(streamCtx, snapshot, tr, events, start)
 		if streamErr == nil {
+			streamErr = r.faults.At(fault.SnapshotDone)
+		}
+		if streamErr == nil {
 			// Recorded only once every snapshot row is acked: a crash before
 			// this point takes the snapshot again at the next start.
 			st.SnapshotDone = true
@@ -713,28 +720,61 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 	if err != nil {
 		return 0, st, nil, err
 	}
+	// A state row that only records the intent to create the slot (a
+	// start that died, or failed, between recording it and recording the
+	// new slot's position) is not a slot the connector streamed.
+	creating := hasState && st.Creating() && st.SystemID == systemID
 	if !exists {
-		if hasState && st.SystemID == systemID && !r.cfg.AcceptSlotReset {
+		if hasState && !creating && st.SystemID == systemID && !r.cfg.AcceptSlotReset {
 			return 0, st, nil, wal.Fatalf("replication slot %q is gone, but the connector streamed it before (confirmed %s): it was dropped behind the connector's back, so events written since may never be published. "+
 				"Check the outbox table for events after that position, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to create a new slot", slot, wal.FormatLSN(st.Confirmed))
 		}
 		initial := r.cfg.Snapshot == "initial"
+		if initial {
+			// Record the intent before the slot exists: CREATE_REPLICATION_SLOT
+			// makes a persistent slot at once, and if anything fails before
+			// the snapshot is recorded as done (importing it, the state
+			// write, the lease, a kill), the next start must know that this
+			// slot is the connector's own and still owes its snapshot,
+			// rather than adopt it as an operator's slot and skip the rows
+			// written before it.
+			intent := wal.State{Slot: slot, SystemID: systemID}
+			if err := save(wal.ResetState, intent); err != nil {
+				return 0, st, nil, err
+			}
+			if err := r.faults.At(fault.SlotIntent); err != nil {
+				return 0, st, nil, err
+			}
+		}
 		consistent, snapName, err := wal.CreateSlot(ctx, rconn, slot, initial)
 		if err != nil {
 			return 0, st, nil, err
 		}
 		r.log.Info("created replication slot", "slot", slot, "plugin", "pgoutput", "lsn", wal.FormatLSN(consistent), "snapshot", r.cfg.Snapshot)
+		if err := r.faults.At(fault.SlotCreated); err != nil {
+			return 0, st, nil, err
+		}
 		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: consistent, SnapshotDone: !initial}
 		var snap *snapshot
 		if initial {
 			// Import the exported snapshot before anything else runs on the
 			// replication connection: the next command there ends it.
 			snap, err = r.openSnapshot(ctx, snapName)
+			if err == nil {
+				err = r.faults.At(fault.SnapshotImported)
+			}
 			if err != nil {
+				if snap != nil {
+					snap.close(ctx)
+				}
 				return 0, st, nil, err
 			}
 		}
-		if err := save(wal.ResetState, st); err != nil {
+		err = save(wal.ResetState, st)
+		if err == nil {
+			err = r.faults.At(fault.StateWritten)
+		}
+		if err != nil {
 			if snap != nil {
 				snap.close(ctx)
 			}
@@ -744,6 +784,21 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 	}
 	if err := wal.CheckSlot(info, db); err != nil {
 		return 0, st, nil, err
+	}
+	if creating {
+		// The connector created this slot, but died or failed before it
+		// recorded the slot's position: the exported snapshot is gone, so
+		// the snapshot is taken again below from the table as it is now,
+		// and streaming starts at the slot's own position. Rows committed
+		// in between are both read and streamed: duplicates, never losses.
+		r.log.Warn("found the slot this connector was creating when its last start failed; recording its position and taking the initial snapshot again", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush))
+		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush}
+		if err := save(wal.ResetState, st); err != nil {
+			return 0, st, nil, err
+		}
+		if err := r.faults.At(fault.StateWritten); err != nil {
+			return 0, st, nil, err
+		}
 	}
 	if !hasState {
 		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, SnapshotDone: true}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/connector/fault"
 	"github.com/pgoutbox/pgoutbox/connector/tracker"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
@@ -45,20 +46,17 @@ func (s *snapshot) close(ctx context.Context) {
 }
 
 // publishSnapshot publishes every row of the outbox table in the snapshot,
-// in insertion order as far as the table can tell (created_at, then physical
-// order), and waits until Kafka acked them all.
+// in the order snapshotOrder chooses, and waits until Kafka acked them all.
 func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tracker, out chan<- wal.Event, at uint64) error {
-	var hasCreated bool
-	if err := s.tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
-		WHERE table_schema = $1 AND table_name = $2 AND column_name = 'created_at')`, r.schema, r.table).Scan(&hasCreated); err != nil {
-		return fmt.Errorf("inspect %s.%s: %w", r.schema, r.table, err)
+	order, exact, err := r.snapshotOrder(ctx, s.tx)
+	if err != nil {
+		return err
 	}
-	q := fmt.Sprintf("SELECT * FROM %s.%s", r.schema, r.table)
-	if hasCreated {
-		q += " ORDER BY created_at, ctid"
-	} else {
-		q += " ORDER BY ctid"
+	if !exact {
+		r.log.Warn("the initial snapshot orders rows by "+order+": an aggregate's events written by transactions that began in another order than they committed may be published out of order. "+
+			"Add a column filled at insert from a sequence (sql/variants/outbox_snapshot_order.sql) or set track_commit_timestamp = on", "table", r.schema+"."+r.table)
 	}
+	q := fmt.Sprintf("SELECT * FROM %s.%s ORDER BY %s", r.schema, r.table, order)
 	// The simple protocol returns every value in text format, as pgoutput
 	// does, so snapshot rows route exactly like streamed ones.
 	rows, err := s.tx.Query(ctx, q, pgx.QueryExecModeSimpleProtocol)
@@ -91,6 +89,11 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 			return ctx.Err()
 		}
 		n++
+		if err := r.faults.At(fault.SnapshotRow); err != nil {
+			// The snapshot's transaction is never committed in the
+			// tracker, so nothing of it is ever acked.
+			return err
+		}
 	}
 	if err := rows.Err(); err != nil {
 		txn.Abandon()
@@ -108,4 +111,56 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 	}
 	r.log.Info("initial snapshot published", "rows", n, "lsn", wal.FormatLSN(at))
 	return nil
+}
+
+// querySnapshotOrder finds how the snapshot can order the table's rows: a
+// bigint column filled at INSERT from a sequence (an identity column, or a
+// default of nextval), the first by position; whether commit timestamps are
+// kept; whether the table has created_at.
+const querySnapshotOrder = `
+SELECT coalesce((SELECT a.attname::text FROM pg_attribute a
+                 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                   AND a.atttypid IN ('int8'::regtype, 'int4'::regtype)
+                   AND (a.attidentity <> '' OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%')
+                 ORDER BY a.attnum LIMIT 1), ''),
+       current_setting('track_commit_timestamp')::bool,
+       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'created_at' AND NOT attisdropped)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`
+
+// snapshotOrder is the ORDER BY of the initial snapshot. The promise to keep
+// is per aggregate: where the application serialises an aggregate's writes
+// (each transaction writing its events after the previous one committed),
+// the aggregate's events come out in the order they were written, across
+// transactions and within one. created_at (now(), the time the transaction
+// began) is not that order: a transaction that began first may commit last.
+// In order of preference:
+//   - a sequence-filled column: its value is taken at INSERT, so a later
+//     write, within a transaction or after another committed, has a larger
+//     one (sequence values are not in commit order across concurrent
+//     transactions, but those are not serialised, and no order is owed);
+//   - with track_commit_timestamp, the commit time of the row's transaction,
+//     then its physical position: commit order, and within a transaction the
+//     order rows were appended (a table whose free space is reused may place
+//     a later row of one transaction before an earlier one);
+//   - created_at, then physical position, which is not exact (the caller
+//     warns).
+func (r *Relay) snapshotOrder(ctx context.Context, tx pgx.Tx) (order string, exact bool, err error) {
+	var seq string
+	var commitTS, hasCreated bool
+	if err := tx.QueryRow(ctx, querySnapshotOrder, r.schema, r.table).Scan(&seq, &commitTS, &hasCreated); err != nil {
+		return "", false, fmt.Errorf("inspect %s.%s for the snapshot's order: %w", r.schema, r.table, err)
+	}
+	switch {
+	case seq != "":
+		return pgx.Identifier{seq}.Sanitize(), true, nil
+	case commitTS:
+		// A row whose commit time was not kept (committed before the
+		// setting was turned on) sorts first: it is older.
+		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, ctid", true, nil
+	case hasCreated:
+		return "created_at, ctid", false, nil
+	}
+	return "ctid", false, nil
 }

@@ -21,6 +21,12 @@ type State struct {
 	SnapshotDone bool
 }
 
+// Creating reports a state row that records only the intent to create the
+// slot and take its initial snapshot: written before CREATE_REPLICATION_SLOT,
+// replaced by the slot's position once the slot exists. A slot found with
+// such a row is the connector's own, and still owes its snapshot.
+func (st State) Creating() bool { return st.Confirmed == 0 && !st.SnapshotDone }
+
 const stateDDL = `
 CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     slot_name          text        PRIMARY KEY,

@@ -1,0 +1,100 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+)
+
+// TestSnapshotOrder: where the application serialises an aggregate's
+// writes, the initial snapshot publishes the aggregate's events in the order
+// they were written, although the transaction that wrote second began first
+// (so its created_at, the time it began, is the earlier one). Per aggregate:
+// T1 begins; T2 begins, writes events 1 and 2, commits; T1 then writes
+// events 3 and 4 and commits. Once with the sequence column of
+// sql/variants/outbox_snapshot_order.sql, once with track_commit_timestamp.
+func TestSnapshotOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		settings map[string]string
+		variant  bool
+	}{
+		{name: "sequence-column", variant: true},
+		{name: "commit-timestamp", settings: map[string]string{"track_commit_timestamp": "on"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pg := testenv.StartPostgres(t, testenv.PGOptions{Settings: tc.settings})
+			brokers := testenv.SharedKafka(t)
+			ctx := context.Background()
+			if tc.variant {
+				if err := pg.Psql("outbox", "-f", testenv.RepoRoot()+"/sql/variants/outbox_snapshot_order.sql"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			aggType := uniqueType("sorder")
+			c1, c2 := pg.Conn(t, "outbox"), pg.Conn(t, "outbox")
+			var want []testenv.Event
+			for a := 0; a < 10; a++ {
+				agg := fmt.Sprintf("agg-%d", a)
+				ev := func(seq int) testenv.Event {
+					return testenv.Event{ID: uuid.NewString(), AggType: aggType, AggID: agg, Type: "Ordered", Seq: seq, Payload: fmt.Sprintf(`{"seq": %d}`, seq)}
+				}
+				t1, err := c1.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// T1 takes its snapshot and start time now.
+				if _, err := t1.Exec(ctx, "SELECT 1"); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(2 * time.Millisecond)
+				t2, err := c2.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range []testenv.Event{ev(1), ev(2)} {
+					if _, err := t2.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)`, e.ID, e.AggType, e.AggID, e.Type, e.Payload); err != nil {
+						t.Fatal(err)
+					}
+					want = append(want, e)
+				}
+				if err := t2.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range []testenv.Event{ev(3), ev(4)} {
+					if _, err := t1.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)`, e.ID, e.AggType, e.AggID, e.Type, e.Payload); err != nil {
+						t.Fatal(err)
+					}
+					want = append(want, e)
+				}
+				if err := t1.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var inverted int
+			if err := c1.QueryRow(ctx, `SELECT count(*) FROM outbox a JOIN outbox b USING (aggregateid)
+				WHERE (a.payload->>'seq')::int < (b.payload->>'seq')::int AND a.created_at > b.created_at`).Scan(&inverted); err != nil {
+				t.Fatal(err)
+			}
+			if inverted == 0 {
+				t.Fatal("created_at is in write order for every aggregate: the test proves nothing")
+			}
+			c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+			run := startRelay(t, testConfig(t, pg.DSN("outbox"), brokers))
+			run.waitStreaming(t)
+			c.WaitFor(t, want, 60*time.Second)
+			if err := run.stop(t); err != nil {
+				t.Fatalf("relay stopped with %v", err)
+			}
+			if dups := c.Verify(t, want); dups != 0 {
+				t.Errorf("%d duplicates", dups)
+			}
+			t.Logf("%d snapshot events over 10 aggregates in write order (%d pairs whose created_at is inverted)", len(want), inverted)
+		})
+	}
+}

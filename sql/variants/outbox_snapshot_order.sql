@@ -1,0 +1,18 @@
+-- Variant (not applied by default): a column that gives the connector's
+-- initial snapshot the exact per-aggregate order. Without it the snapshot
+-- orders rows by created_at, the time each transaction BEGAN, and an
+-- aggregate's events written by a transaction that began first but wrote
+-- (and committed) second come out in the wrong order; the connector logs a
+-- warning saying so. With it, the snapshot orders by this column, whose value
+-- is taken at INSERT: wherever the application serialises an aggregate's
+-- writes, a later write has a larger value, within one transaction or after
+-- another committed. (track_commit_timestamp = on gives commit order too, at
+-- the cost of 10 bytes per transaction.)
+--
+-- Never use it as a cursor for reading new rows: sequence values are not in
+-- commit order across concurrent transactions.
+--
+-- Adding it to a large existing table rewrites the table (every row gets a
+-- value); on a partitioned outbox before PostgreSQL 17 use a sequence default
+-- instead of an identity column: ADD COLUMN seq bigserial.
+ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS seq bigint GENERATED ALWAYS AS IDENTITY;
