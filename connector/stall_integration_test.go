@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,18 +26,33 @@ const stallTimeout = 3 * time.Second
 // OUTBOX_STALL_TIMEOUT + 5 s and outbox_connector_stalled reads 1; it was
 // 200 and 0 throughout the flow before, and turns 200 and 0 again once the
 // broker is back. Every event written, before and during the outage,
-// arrives, in order per aggregate. Run in both producer modes.
+// arrives, in order per aggregate. Run in both producer modes; /healthz
+// must stay 503 for as long as the outage lasts (2 s here; with
+// OUTBOX_SOAK=1 a minute, past the Kafka transaction timeout, and the
+// broker stopped as well as frozen).
 func TestStallHealthz(t *testing.T) {
 	bin := testenv.Binary(t, "connector")
 	k := testenv.StartKafka(t)
+	soak := os.Getenv("OUTBOX_SOAK") == "1"
+	hold := 2 * time.Second
+	if soak {
+		hold = time.Minute
+	}
 	for _, tc := range []struct {
 		name, transactional string
 		outage              string // freeze or stop
+		soak                bool
 	}{
-		{"transactional/freeze", "true", "freeze"},
-		{"idempotent/stop", "false", "stop"},
+		{"transactional/freeze", "true", "freeze", false},
+		{"idempotent/freeze", "false", "freeze", false},
+		// A stopped broker costs a JVM start (10-20 s) to bring back.
+		{"transactional/stop", "true", "stop", true},
+		{"idempotent/stop", "false", "stop", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.soak && !soak {
+				t.Skip("set OUTBOX_SOAK=1 (make soak) to stop and restart the broker too")
+			}
 			pg := testenv.StartPostgres(t, testenv.PGOptions{})
 			ctx := context.Background()
 			conn := pg.Conn(t, "outbox")
@@ -50,7 +66,7 @@ func TestStallHealthz(t *testing.T) {
 
 			// Flowing, for longer than the stall timeout: never unhealthy.
 			w := testenv.NewWriter()
-			flowEnd := time.Now().Add(stallTimeout + 2*time.Second)
+			flowEnd := time.Now().Add(stallTimeout + time.Second)
 			for i := 0; time.Now().Before(flowEnd); i++ {
 				w.Write(t, ctx, conn, aggType, 20, 10, 5)
 				if code, body := get(t, addr, "/healthz"); code != http.StatusOK {
@@ -103,6 +119,15 @@ func TestStallHealthz(t *testing.T) {
 			if m["outbox_connector_events_in_flight"] == 0 {
 				t.Errorf("outbox_connector_events_in_flight 0 while stalled")
 			}
+			// Unhealthy for as long as the broker accepts nothing: a
+			// session that ends and starts again (a Kafka transaction timed
+			// out, a produce request failed) must not clear the stall.
+			for end := time.Now().Add(hold); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+				if code, body := get(t, addr, "/healthz"); code != http.StatusServiceUnavailable {
+					t.Fatalf("/healthz %d %q %s into the outage, which goes on; output:\n%s", code, body, time.Since(outage).Round(100*time.Millisecond), tail(p.Output()))
+				}
+			}
+			expectStalled(t, addr, 1)
 
 			// The broker is back: healthy again, and everything arrives.
 			restore()

@@ -53,7 +53,7 @@ type Relay struct {
 	streaming atomic.Bool
 	cur       atomic.Pointer[tracker.Tracker]
 	confirmed atomic.Uint64
-	lastAck   atomic.Int64 // unix nanos of the last acked progress
+	stall     stallWatch // the liveness clock: work owed, and since when without progress
 	lastErr   atomic.Pointer[string]
 	published atomic.Int64
 
@@ -140,6 +140,7 @@ func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.M
 	m.GaugeFunc("outbox_connector_confirmed_lsn", "WAL position recorded durably and confirmable to PostgreSQL.", func() float64 {
 		return float64(r.confirmed.Load())
 	})
+	r.stallMetrics(m)
 	return r
 }
 
@@ -173,23 +174,14 @@ func (r *Relay) Ready() (bool, string) {
 	return true, ""
 }
 
-// Stalled reports events in flight with no acknowledgement for longer than
-// the stall timeout.
-func (r *Relay) Stalled() (bool, string) {
-	t := r.cur.Load()
-	if t == nil {
-		return false, ""
-	}
-	p := t.Positions()
-	if p.InFlight == 0 {
-		return false, ""
-	}
-	last := time.Unix(0, r.lastAck.Load())
-	if d := time.Since(last); d > r.cfg.StallTimeout {
-		return true, fmt.Sprintf("%d events in flight and nothing acknowledged for %s", p.InFlight, d.Round(time.Second))
-	}
-	return false, ""
-}
+// Stalled reports work owed (events in flight, or read by a stream that
+// ended before delivering them) with no progress (none acknowledged or
+// dead-lettered, the acked position unmoved) for longer than the stall
+// timeout (see stallWatch). A large transaction whose records are being
+// acknowledged is not a stall, though its end LSN is acked only at the end;
+// nothing owed is never one, nor is anything on an instance without the
+// lease.
+func (r *Relay) Stalled() (bool, string) { return r.stalledAt(time.Now()) }
 
 // LastError is the last transient error (for /readyz detail).
 func (r *Relay) LastError() string {
@@ -433,7 +425,6 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	}
 	tr = tracker.New(start)
 	r.cur.Store(tr)
-	r.lastAck.Store(time.Now().UnixNano())
 
 	// streamCtx ends reading: at shutdown (soft), or with the term (hard,
 	// with Abort). hardCtx ends the producer: ShutdownTimeout after the
@@ -452,9 +443,11 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		prodErr = prod.Run(hardCtx, events, cancelStream)
 	}()
 
-	sw := &stateWriter{conn: conn, st: st, tracker: tr, term: t, log: r.log, onAck: func(lsn uint64) {
+	sw := &stateWriter{conn: conn, st: st, tracker: tr, term: t, log: r.log, faults: r.faults, onAck: func(lsn uint64) {
 		r.confirmed.Store(lsn)
-		r.lastAck.Store(time.Now().UnixNano())
+		// Every tick, moved or not: the stall clock restarts only if the
+		// tracker counted progress since the last look.
+		r.lookStall(time.Now())
 	}}
 	sw.durable.Store(st.Confirmed)
 	r.confirmed.Store(min(st.Confirmed, start))
@@ -490,6 +483,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 			StopGrace:   r.cfg.ShutdownTimeout / 2,
 			Abort:       tctx,
 			Log:         r.log.With("component", "stream", "slot", r.cfg.Slot),
+			Faults:      r.faults,
 			Confirmable: func() uint64 { return min(tr.Acked(), sw.durable.Load()) },
 			// An insert named by a partition of the outbox stops the stream
 			// (a publication without publish_via_partition_root).
@@ -645,8 +639,12 @@ type stateWriter struct {
 	tracker *tracker.Tracker
 	term    *lease.Term // every write is fenced with its token (wal.Fence)
 	log     *slog.Logger
+	// onAck is told the position each write covers, on every tick whether
+	// it moved or not: it is no sign of progress (the stall clock is the
+	// tracker's progress count).
 	onAck   func(uint64)
 	durable atomic.Uint64 // the recorded promise
+	faults  fault.Hook
 }
 
 // run writes at most once per interval: each write is a commit, and the
@@ -696,7 +694,13 @@ func (w *stateWriter) write(ctx context.Context, target uint64, final bool) erro
 		return nil
 	}
 	st.Confirmed = target + promiseHeadroom
+	if err := w.faults.At(fault.BeforePromise); err != nil {
+		return err
+	}
 	if err := lost(wal.SaveState(ctx, w.conn, st, wal.Fence{Token: w.term.Token})); err != nil {
+		return err
+	}
+	if err := w.faults.At(fault.AfterPromise); err != nil {
 		return err
 	}
 	w.durable.Store(st.Confirmed)

@@ -35,7 +35,19 @@ type Tracker struct {
 	received  LSN
 	lastEvent LSN // commit end of the newest transaction that carried events
 	inFlight  int // records handed to Kafka and not yet acked
-	changed   chan struct{}
+	// progress counts the moments work moved: a record acked or
+	// dead-lettered, or the acked position advanced. Not the acked position
+	// alone: a transaction of millions of records acks them one by one,
+	// for longer than any stall timeout, before its end LSN is acked. A
+	// count, not a time: the connector's stall watch reads the clock when
+	// it looks; reading it in Done, once per record, would double what
+	// Done costs.
+	progress uint64
+	// dropped is the received position when Reset forgot a transaction
+	// with events that was not acked (0: none): the next stream reads it
+	// again, and the work is owed until the acked position passes it.
+	dropped LSN
+	changed chan struct{}
 }
 
 // New returns a tracker whose positions start at start (the slot's
@@ -84,6 +96,7 @@ func (tx *Txn) Done() {
 		t.mu.Unlock()
 		panic("tracker: Done called more often than Add")
 	}
+	t.progress++
 	t.advanceLocked()
 	t.mu.Unlock()
 	t.signal()
@@ -107,6 +120,12 @@ func (tx *Txn) Abandon() {
 // confirmed position. received falls back to acked.
 func (t *Tracker) Reset() {
 	t.mu.Lock()
+	for _, tx := range t.queue[t.head:] {
+		if tx.events {
+			t.dropped = max(t.dropped, t.received)
+			break
+		}
+	}
 	clear(t.queue)
 	t.queue = t.queue[:0]
 	t.head = 0
@@ -142,6 +161,7 @@ func (t *Tracker) advanceLocked() {
 		}
 		if tx.end > t.acked {
 			t.acked = tx.end
+			t.progress++
 		}
 		if tx.events && tx.end > t.lastEvent {
 			t.lastEvent = tx.end
@@ -173,6 +193,7 @@ func (t *Tracker) ServerWALEnd(walEnd LSN) {
 	}
 	if t.head == len(t.queue) && walEnd > t.acked {
 		t.acked = walEnd
+		t.progress++
 		t.mu.Unlock()
 		t.signal()
 		return
@@ -187,13 +208,21 @@ type Positions struct {
 	LastEvent LSN // commit end of the newest fully acked transaction with events
 	InFlight  int // records handed to Kafka, not yet acked
 	OpenTxns  int // transactions received but not yet fully acked
+	// Progress grows whenever work moves (a record acked or dead-lettered,
+	// the acked position advanced): a stall is work owed (InFlight > 0, or
+	// Dropped) while Progress stays the same.
+	Progress uint64
+	// Dropped is the received position when Reset forgot transactions
+	// with events that were not acked (0: none): the stream ended owing
+	// them, and the next one reads them again.
+	Dropped LSN
 }
 
 // Positions returns the current positions.
 func (t *Tracker) Positions() Positions {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return Positions{Received: t.received, Acked: t.acked, LastEvent: t.lastEvent, InFlight: t.inFlight, OpenTxns: len(t.queue) - t.head}
+	return Positions{Received: t.received, Acked: t.acked, LastEvent: t.lastEvent, InFlight: t.inFlight, OpenTxns: len(t.queue) - t.head, Progress: t.progress, Dropped: t.dropped}
 }
 
 // OldestOpen is when the oldest transaction not yet acked was read (zero
