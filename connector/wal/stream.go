@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/pgoutbox/pgoutbox/connector/fault"
 	"github.com/pgoutbox/pgoutbox/connector/tracker"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
@@ -62,6 +63,8 @@ type Stream struct {
 	Abort    context.Context
 	Log      *slog.Logger
 	Counters Counters
+	// Faults, set by tests only, fails or stops the stream at a step.
+	Faults fault.Hook
 	// IsOutboxPartition reports whether the relation with this OID is a
 	// partition of the outbox table, at any depth (OutboxPartitionOf). A
 	// publication that publishes the outbox's partitions under their own
@@ -469,6 +472,9 @@ func (s *Stream) emit(ctx context.Context, ev Event) error {
 // position is the newest WAL end seen, so the walsender does not keep
 // sending keepalives for WAL we already know about.
 func (s *Stream) sendStatus() error {
+	if err := s.Faults.At(fault.BeforeStatus); err != nil {
+		return err
+	}
 	flush := s.Confirmable()
 	if flush > s.walEnd {
 		flush = s.walEnd
@@ -490,7 +496,7 @@ func (s *Stream) sendStatus() error {
 	if s.Counters.Status != nil {
 		s.Counters.Status()
 	}
-	return nil
+	return s.Faults.At(fault.AfterStatus)
 }
 
 // SentFlush is the last position reported to the server as flushed.
