@@ -3,7 +3,7 @@
 GO ?= go
 BINARIES := connector outbox-router slotwatch
 
-.PHONY: all build test demo bench soak lint fmt up down install clean app
+.PHONY: all build test demo bench soak lint fmt up down install clean app mutation
 
 all: build
 
@@ -28,6 +28,11 @@ bench:
 soak:
 	scripts/install.sh
 	OUTBOX_SOAK=1 scripts/test.sh
+
+# Mutation testing of the tracker, the WAL package and the producer
+# (gremlins, built into the cache if missing); prints each one's efficacy.
+mutation:
+	scripts/mutation.sh
 
 lint:
 	$(GO) vet ./...
