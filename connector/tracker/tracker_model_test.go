@@ -11,7 +11,8 @@ import (
 // producer and the relay do (transactions read in commit order, records
 // acked in any order, a record withdrawn when the stream stops, keepalives in
 // stream order, restarts that re-read from a position already confirmed) and
-// after every step compares it with a model of what may be confirmed.
+// after every step compares it with a model of what may be confirmed, and of
+// the stall clock (Progress, Dropped).
 //
 //	go test -run TestTrackerModel ./connector/tracker -rapid.checks=10000 -rapid.steps=200
 
@@ -53,7 +54,9 @@ type trackerModel struct {
 	acked     LSN
 	received  LSN
 	lastEvent LSN
-	ackedSeen []LSN // every value acked took, ascending: the positions a restart may start at
+	ackedSeen []LSN  // every value acked took, ascending: the positions a restart may start at
+	progress  uint64 // one for each record acked and each move of acked
+	dropped   LSN    // received when a restart forgot transactions with events
 
 	// What the last check saw.
 	prevAcked    LSN
@@ -72,6 +75,7 @@ func (m *trackerModel) setAcked(v LSN) {
 	if v > m.acked {
 		m.acked = v
 		m.ackedSeen = append(m.ackedSeen, v)
+		m.progress++
 	}
 }
 
@@ -135,6 +139,7 @@ func (m *trackerModel) done(i int) {
 	m.records = slices.Delete(m.records, i, i+1)
 	mt.tx.Done()
 	mt.pending--
+	m.progress++
 	m.advance()
 }
 
@@ -197,6 +202,13 @@ func (m *trackerModel) check(t *rapid.T) {
 	}
 	if p.LastEvent != m.lastEvent {
 		t.Fatalf("last event = %d; the model says %d", p.LastEvent, m.lastEvent)
+	}
+	// The stall clock (rule 10): it moves when work moves, and only then.
+	if p.Progress != m.progress {
+		t.Fatalf("progress = %d; the model says %d", p.Progress, m.progress)
+	}
+	if p.Dropped != m.dropped {
+		t.Fatalf("dropped = %d; the model says %d", p.Dropped, m.dropped)
 	}
 	if p.InFlight != len(m.records) {
 		t.Fatalf("in flight = %d; the model says %d", p.InFlight, len(m.records))
@@ -319,6 +331,12 @@ func (m *trackerModel) actions() map[string]func(*rapid.T) {
 				t.Skip("records still in flight")
 			}
 			m.tr.Reset()
+			for _, mt := range m.queue {
+				if mt.events {
+					m.dropped = max(m.dropped, m.received)
+					break
+				}
+			}
 			var from []LSN
 			for _, v := range m.ackedSeen {
 				if v >= m.floor {
