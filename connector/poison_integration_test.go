@@ -132,3 +132,93 @@ func lastLine(s string) string {
 	}
 	return s
 }
+
+// TestBrokerRefusedRecord: through the whole connector, in both modes, an
+// event the broker refuses for its own account, whatever the batch around
+// it (here a timestamp, table.field.event.timestamp = created_at, older
+// than the topic's message.timestamp.before.max.ms), goes whole to the DLQ
+// topic with the broker's error, and every other event arrives, in order
+// per aggregate. Before issue 13 the Kafka transaction holding it aborted,
+// the event was read again, aborted again: the line stopped (and without
+// transactions it was produced again in a loop, never dead-lettered).
+func TestBrokerRefusedRecord(t *testing.T) {
+	for _, mode := range []string{"transactional", "idempotent"} {
+		t.Run(mode, func(t *testing.T) { brokerRefusedRecord(t, mode == "transactional") })
+	}
+}
+
+func brokerRefusedRecord(t *testing.T, transactional bool) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	bin := testenv.Binary(t, "connector")
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	aggType, dlq := "refused"+suffix, "dlq"+suffix
+	topic := "outbox.event." + aggType
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hour := "3600000"
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, 3, -1, map[string]*string{"message.timestamp.before.max.ms": &hour}, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	cl.Close()
+	if err != nil {
+		t.Fatalf("create %s: %v", topic, err)
+	}
+	env := connectorEnv(pg, brokers, "OUTBOX_DLQ_TOPIC", dlq, "OUTBOX_ROUTE_FIELD_EVENT_TIMESTAMP", "created_at",
+		"OUTBOX_KAFKA_TRANSACTIONAL", fmt.Sprint(transactional))
+	c := testenv.StartConsumer(t, brokers, topic)
+	dc := testenv.StartConsumer(t, brokers, dlq)
+	p := testenv.StartProc(t, bin, env)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("connector output:\n%s", tail(p.Output()))
+		}
+	})
+	waitOutput(t, p, "msg=streaming", 60*time.Second)
+
+	w := testenv.NewWriter()
+	w.Write(t, ctx, conn, aggType, 40, 4, 5)
+	badID := uuid.NewString()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at)
+		VALUES ($1, $2, 'agg-1', 'Old', '{"old": true}', now() - interval '2 days')`, badID, aggType); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(t, ctx, conn, aggType, 40, 4, 5)
+	c.WaitFor(t, w.Events, 90*time.Second)
+	dc.WaitFor(t, []testenv.Event{{ID: badID}}, 30*time.Second)
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, tail(p.Output()))
+	}
+	dups := c.Verify(t, w.Events)
+	for _, r := range dc.Records() {
+		if testenv.Header(r, "id") != badID {
+			continue
+		}
+		if msg := testenv.Header(r, "error"); !strings.Contains(msg, "INVALID_TIMESTAMP") {
+			t.Errorf("DLQ error = %q; want the broker's INVALID_TIMESTAMP", msg)
+		}
+		if !strings.Contains(string(r.Value), `{\"old\": true}`) || !strings.Contains(string(r.Value), `"aggregatetype":"`+aggType+`"`) {
+			t.Errorf("DLQ value does not hold the row whole: %s", r.Value)
+		}
+		t.Logf("DLQ record: error.class=%s error=%q", testenv.Header(r, "error.class"), testenv.Header(r, "error"))
+	}
+	for _, r := range c.Records() {
+		if testenv.Header(r, "id") == badID {
+			t.Errorf("the refused event reached %s", topic)
+		}
+	}
+	t.Logf("%d duplicates", dups)
+}

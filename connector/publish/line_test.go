@@ -41,7 +41,9 @@ type line struct {
 	pool    *pgxpool.Pool
 	m       *metrics.Metrics
 	log     *logBuffer
-	opts    []kgo.Opt // extra client options
+	opts    []kgo.Opt     // extra client options
+	pace    time.Duration // a pause after each row handed over
+	noWatch bool          // no WatchFailures around the client's logger (the relay has one)
 
 	txns      []walTxn
 	confirmed uint64
@@ -93,6 +95,9 @@ func (l *line) session(ctx context.Context) error {
 		opts = append(opts, kgo.TransactionalID(fmt.Sprintf("outbox-connector-test-%p", l)),
 			kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }))
 	}
+	if !l.noWatch {
+		opts = append(opts, kgo.WithLogger(WatchFailures(nil)))
+	}
 	opts = append(opts, l.opts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -116,6 +121,9 @@ feed:
 			txn.Add()
 			select {
 			case in <- wal.Event{Txn: txn, Row: row}:
+				if l.pace > 0 {
+					time.Sleep(l.pace)
+				}
 			case <-stopped:
 				break feed
 			case <-ctx.Done():

@@ -58,7 +58,8 @@ type Config struct {
 	Blocked func(reason string)
 }
 
-// Producer turns events into records and produces them.
+// Producer turns events into records and produces them. One serves one
+// session (one Kafka client); Poison carries what it learnt to the next.
 type Producer struct {
 	cfg     Config
 	client  *kgo.Client
@@ -77,23 +78,14 @@ type Producer struct {
 	// the events at that position (see identify).
 	at rowID
 
-	mu      sync.Mutex
-	retry   []pending // records that failed on their own account, to re-examine
-	fatal   error
-	wake    chan struct{}
 	pubVecs sync.Map // topic -> prometheus.Counter, to skip label hashing per event
 
-	txn txnState // transactional mode: the open Kafka transaction
+	mu  sync.Mutex // guards txn.failed, which promises write
+	txn txnState   // transactional mode: the open Kafka transaction
+	idm idemState  // idempotent mode
 
 	promise func(*kgo.Record, error) // idemPromise, made once
 	slab    []recEvent
-}
-
-type pending struct {
-	ev  wal.Event
-	id  rowID
-	rec *kgo.Record
-	err error
 }
 
 // New returns a producer.
@@ -104,7 +96,7 @@ func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Poo
 	}
 	return &Producer{
 		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, pool: pool, log: log, metrics: m,
-		topics: map[string]bool{}, wake: make(chan struct{}, 1), idField: idField,
+		topics: map[string]bool{}, idField: idField,
 	}
 }
 
@@ -138,7 +130,7 @@ func ClientOpts(maxBuffered, maxMessageBytes int, compression string, linger tim
 	}
 }
 
-// Fatal reports an error that is the deployment's fault (authorization,
+// isFatalKafka reports an error that is the deployment's fault (authorization,
 // authentication): the line stops instead of dead-lettering everything.
 func isFatalKafka(err error) bool {
 	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) ||
@@ -147,14 +139,11 @@ func isFatalKafka(err error) bool {
 		errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.ProducerFenced)
 }
 
-// isRecordFault reports an error caused by the record itself.
-func isRecordFault(err error) bool {
-	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.InvalidTopicException) ||
-		errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord)
-}
-
 // Run produces the events from in until in is closed, then flushes. It
-// returns a *wal.FatalError when Kafka refuses the deployment; onFatal is
+// returns a *wal.FatalError when Kafka refuses the deployment, an error
+// wrapping ErrFenced when this instance may no longer publish, and another
+// error when the session must end and the next one read again from the
+// confirmed position (a record Kafka refused: see Poison); onFatal is
 // called at once so the stream stops reading.
 func (p *Producer) Run(ctx context.Context, in <-chan wal.Event, onFatal func()) error {
 	if err := p.ensureTopic(ctx, p.cfg.DLQTopic); err != nil {
@@ -164,57 +153,7 @@ func (p *Producer) Run(ctx context.Context, in <-chan wal.Event, onFatal func())
 	if p.cfg.Transactional {
 		return p.runTxn(ctx, in, onFatal)
 	}
-	for {
-		if err := p.fatalErr(); err != nil {
-			onFatal()
-			return err
-		}
-		if err := p.drainRetries(ctx); err != nil {
-			onFatal()
-			return err
-		}
-		select {
-		case ev, ok := <-in:
-			if !ok {
-				return p.flush(ctx, onFatal)
-			}
-			if err := p.handle(ctx, ev); err != nil {
-				onFatal()
-				return err
-			}
-		case <-p.wake:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (p *Producer) flush(ctx context.Context, onFatal func()) error {
-	for {
-		if err := p.client.Flush(ctx); err != nil {
-			return fmt.Errorf("flush Kafka producer: %w", err)
-		}
-		if err := p.fatalErr(); err != nil {
-			onFatal()
-			return err
-		}
-		p.mu.Lock()
-		n := len(p.retry)
-		p.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		if err := p.drainRetries(ctx); err != nil {
-			onFatal()
-			return err
-		}
-	}
-}
-
-func (p *Producer) fatalErr() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.fatal
+	return p.runIdem(ctx, in, onFatal)
 }
 
 // handle routes one event and produces it (or its dead letter).
@@ -290,73 +229,83 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 			return err
 		}
 	}
+	return p.send(ctx, ev, id, rec, "", false)
+}
+
+// send produces rec, the record of ev (a dead letter for the topic intended
+// when dlq), in the mode's way, unless Kafka refused it before (see
+// Poison): a suspect is produced alone, a guilty one is dead-lettered.
+func (p *Producer) send(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool) error {
+	if !p.valid() {
+		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
+	}
+	if v, ok := p.cfg.Poison.lookup(rec.Topic, id); ok {
+		if v.guilty {
+			return p.convicted(ctx, ev, id, rec.Topic, intended, dlq, v.err)
+		}
+		return p.alone(ctx, ev, id, rec, intended, dlq, v.err)
+	}
 	if p.cfg.Transactional {
-		return p.sendTxn(ctx, ev, id, rec, "", false)
+		return p.sendTxn(ctx, ev, id, rec, intended, dlq)
 	}
-	if p.promise == nil {
-		p.promise = p.idemPromise
-	}
-	if len(p.slab) == 0 {
-		p.slab = make([]recEvent, 1024)
-	}
-	re := &p.slab[0]
-	p.slab = p.slab[1:]
-	*re = recEvent{Context: ctx, ev: ev, id: id}
-	rec.Context = re
-	p.client.Produce(ctx, rec, p.promise)
-	return nil
+	return p.sendIdem(ctx, ev, id, rec, dlq)
 }
 
-// recEvent is a record's context without transactions: the context it was
-// produced with, and its event. They are cut from a shared slab, so a record
-// costs no promise closure of its own.
-type recEvent struct {
-	context.Context
-	ev wal.Event
-	id rowID
+// alone produces a suspect on its own, after everything before it is acked
+// (committed) and before anything after it: taken, it was innocent and is
+// published in its place; refused again, it is guilty and dead-lettered.
+// suspected is the error its batch failed with.
+func (p *Producer) alone(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool, suspected error) error {
+	key := poisonKey(rec.Topic, id)
+	lsn := wal.FormatLSN(ev.Row.Source.LSN)
+	var err error
+	if p.cfg.Transactional {
+		err = p.aloneTxn(ctx, ev, id, rec, intended, dlq)
+	} else {
+		err = p.aloneIdem(ctx, ev, rec, dlq)
+	}
+	var rf *refusedError
+	switch {
+	case err == nil:
+		p.cfg.Poison.acquit(key)
+		p.metrics.KafkaRefused.WithLabelValues(rec.Topic, "innocent").Inc()
+		p.log.Info("a record whose batch Kafka refused was taken alone: it was not at fault, and is published", "topic", rec.Topic, "lsn", lsn, "batch_err", suspected)
+		return nil
+	case errors.As(err, &rf):
+		p.cfg.Poison.convict(key, rf.err)
+		p.metrics.KafkaRefused.WithLabelValues(rec.Topic, "guilty").Inc()
+		p.log.Warn("Kafka refused a record produced alone: it is at fault; dead-lettering it", "topic", rec.Topic, "lsn", lsn, "err", rf.err)
+		return p.convicted(ctx, ev, id, rec.Topic, intended, dlq, rf.err)
+	}
+	return err
 }
 
-// idemPromise is the promise of every record produced without a
-// transaction.
-func (p *Producer) idemPromise(r *kgo.Record, err error) {
-	re := r.Context.(*recEvent)
-	ev, id := re.ev, re.id
-	re.ev = wal.Event{} // the slab outlives the event
-	p.done(ev, id, r, err)
+// convicted dead-letters the event of a record Kafka refused alone with
+// err, for its topic; a DLQ record Kafka refused goes to the table.
+func (p *Producer) convicted(ctx context.Context, ev wal.Event, id rowID, topic, intended string, dlq bool, err error) error {
+	cause := refusedCause(err)
+	if dlq {
+		cause.Msg = fmt.Sprintf("Kafka refused the dead letter (DLQ topic %q) too", topic)
+		return p.deadLetterTable(ctx, ev, id, intended, cause)
+	}
+	if cause.Class == route.ClassTooLarge {
+		return p.deadLetterTable(ctx, ev, id, topic, cause)
+	}
+	return p.deadLetter(ctx, ev, id, topic, cause)
 }
 
-// done is the promise: it must not block (franz-go calls promises serially).
-func (p *Producer) done(ev wal.Event, id rowID, r *kgo.Record, err error) {
-	if err == nil {
-		p.published(r.Topic).Inc()
+// acked does what Kafka's ack of a record means: counted, done.
+func (p *Producer) acked(ev wal.Event, topic string, dlq bool) {
+	if !dlq {
+		p.published(topic).Inc()
 		if p.cfg.Published != nil {
 			p.cfg.Published.Add(1)
 		}
 		if !ev.Row.Source.CommitTime.IsZero() {
 			p.metrics.CommitToAck.Observe(time.Since(ev.Row.Source.CommitTime).Seconds())
 		}
-		ev.Txn.Done()
-		return
 	}
-	switch {
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, kgo.ErrClientClosed):
-		// Shutting down: the record stays unacked and is read again.
-		return
-	case isFatalKafka(err):
-		p.mu.Lock()
-		if p.fatal == nil {
-			p.fatal = &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics, IDEMPOTENT_WRITE on the cluster)", r.Topic), Err: err}
-		}
-		p.mu.Unlock()
-	default:
-		p.mu.Lock()
-		p.retry = append(p.retry, pending{ev: ev, id: id, rec: r, err: err})
-		p.mu.Unlock()
-	}
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
+	ev.Txn.Done()
 }
 
 func (p *Producer) published(topic string) interface{ Inc() } {
@@ -366,36 +315,6 @@ func (p *Producer) published(topic string) interface{ Inc() } {
 	c := p.metrics.Published.WithLabelValues(topic)
 	p.pubVecs.Store(topic, c)
 	return c
-}
-
-// drainRetries re-examines records that failed on their own: a record at
-// fault goes to the dead letters; one that failed only because it shared a
-// batch with a poison record is produced again.
-func (p *Producer) drainRetries(ctx context.Context) error {
-	p.mu.Lock()
-	batch := p.retry
-	p.retry = nil
-	p.mu.Unlock()
-	for _, pr := range batch {
-		r := pr.rec
-		switch {
-		case errors.Is(pr.err, kerr.InvalidTopicException):
-			if err := p.deadLetter(ctx, pr.ev, pr.id, r.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: pr.err}); err != nil {
-				return err
-			}
-		case isRecordFault(pr.err) && recordSize(r) > p.cfg.MaxMessageBytes/2:
-			// The broker's limit is below ours and this record is large:
-			// it is the one at fault.
-			if err := p.deadLetterTable(ctx, pr.ev, pr.id, r.Topic, &route.Error{Class: route.ClassTooLarge, Msg: "Kafka rejected the record as too large", Err: pr.err}); err != nil {
-				return err
-			}
-		default:
-			p.log.Warn("re-producing a record that failed", "topic", r.Topic, "err", pr.err)
-			rec := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp, Partition: -1}
-			p.client.Produce(ctx, rec, func(r *kgo.Record, err error) { p.done(pr.ev, pr.id, r, err) })
-		}
-	}
-	return nil
 }
 
 // ensureTopic creates a missing topic, retrying transient failures until ctx
@@ -548,20 +467,7 @@ func (p *Producer) deadLetter(ctx context.Context, ev wal.Event, id rowID, inten
 	class := classOf(cause)
 	p.log.Warn("dead-lettering an event to the DLQ topic", "topic", intended, "dlq", p.cfg.DLQTopic, "class", class, "lsn", wal.FormatLSN(ev.Row.Source.LSN), "err", cause)
 	p.metrics.DeadLettered.WithLabelValues(intended, class, "topic").Inc()
-	if p.cfg.Transactional {
-		return p.sendTxn(ctx, ev, id, rec, intended, true)
-	}
-	if !p.valid() {
-		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
-	}
-	p.client.Produce(ctx, rec, func(r *kgo.Record, err error) {
-		if err == nil {
-			ev.Txn.Done()
-			return
-		}
-		p.done(ev, id, r, err)
-	})
-	return nil
+	return p.send(ctx, ev, id, rec, intended, true)
 }
 
 func classOf(err error) string {

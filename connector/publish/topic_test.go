@@ -20,8 +20,9 @@ import (
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
 
-// gauge reads a gauge of the registry by name and labels (-1 if absent).
-func gauge(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+// metricValue reads a gauge or counter of the registry by name and labels
+// (-1 if absent).
+func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -37,6 +38,9 @@ func gauge(t testing.TB, reg prometheus.Gatherer, name string, labels map[string
 				if labels[lp.GetName()] != lp.GetValue() {
 					continue metric
 				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
 			}
 			return m.GetGauge().GetValue()
 		}
@@ -80,10 +84,10 @@ func TestMissingTopicSaidAloud(t *testing.T) {
 	txn.Commit(100)
 
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(lb.String(), "OUTBOX_TOPIC_CREATE") || gauge(t, m.Registry, "outbox_connector_topic_missing", map[string]string{"topic": topic}) != 1 {
+	for !strings.Contains(lb.String(), "OUTBOX_TOPIC_CREATE") || metricValue(t, m.Registry, "outbox_connector_topic_missing", map[string]string{"topic": topic}) != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 10s of waiting for the missing topic %s: no log line naming OUTBOX_TOPIC_CREATE, outbox_connector_topic_missing = %v; log:\n%s",
-				topic, gauge(t, m.Registry, "outbox_connector_topic_missing", map[string]string{"topic": topic}), lb.String())
+				topic, metricValue(t, m.Registry, "outbox_connector_topic_missing", map[string]string{"topic": topic}), lb.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -109,7 +113,7 @@ func TestMissingTopicSaidAloud(t *testing.T) {
 	for tr.Acked() != 100 && time.Now().Before(deadline.Add(60*time.Second)) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := gauge(t, m.Registry, "outbox_connector_topic_missing", map[string]string{"topic": topic}); got != 0 {
+	if got := metricValue(t, m.Registry, "outbox_connector_topic_missing", map[string]string{"topic": topic}); got != 0 {
 		t.Errorf("outbox_connector_topic_missing = %v once the topic exists; want 0", got)
 	}
 	if s := blocked.Load(); s == nil || *s != "" {

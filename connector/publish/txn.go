@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/lease"
 	"github.com/pgoutbox/pgoutbox/connector/tracker"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
 
 // Transactional mode. Every record goes into a Kafka transaction of the
@@ -54,97 +51,6 @@ func isFenced(err error) bool {
 	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
 }
 
-// Poison remembers records Kafka refused on their own account inside a
-// transaction (the broker's size limit below ours, say). Such a record
-// aborts its whole transaction; the session then restarts from the
-// confirmed position, and when the record is read again it goes to the dead
-// letters instead of into a transaction. It outlives sessions; safe for
-// concurrent use.
-type Poison struct {
-	mu sync.Mutex
-	m  map[string]error
-	n  atomic.Int64 // len(m), read without the lock on every record
-}
-
-// maxPoison bounds the memory: poison is rare, and forgetting an entry only
-// costs one more aborted transaction.
-const maxPoison = 10000
-
-func (ps *Poison) add(key string, err error) {
-	if ps == nil {
-		return
-	}
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	if ps.m == nil || len(ps.m) >= maxPoison {
-		ps.m = map[string]error{}
-	}
-	ps.m[key] = err
-	ps.n.Store(int64(len(ps.m)))
-}
-
-// lookup returns why the record of row for topic is poison, if it is. The
-// key is built only when something is poison at all.
-func (ps *Poison) lookup(topic string, id rowID) error {
-	if ps == nil || ps.n.Load() == 0 {
-		return nil
-	}
-	key := poisonKey(topic, id)
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	return ps.m[key]
-}
-
-// rowID identifies an outbox row across sessions: its place in the WAL
-// (its transaction's commit LSN, its own LSN, and its ordinal among the
-// events at that position: the rows of a snapshot all have LSN 0 and the
-// snapshot's LSN as commit LSN, the rows of one multi-insert (COPY) share
-// an LSN) and a hash of its event id (the column table.field.event.id
-// names). Reading the WAL again gives the same events in the same order,
-// and a snapshot is read in a fixed order, so a row has the same rowID in
-// every session; two rows never share one.
-type rowID struct {
-	commit, lsn uint64
-	ord         uint32
-	id          uint64
-}
-
-// identify returns the rowID of the next event, row. It must see every
-// event, in order: the ordinal counts the events at one position.
-func (p *Producer) identify(row *route.Row) rowID {
-	if row == nil {
-		return rowID{}
-	}
-	src := &row.Source
-	if src.CommitLSN == p.at.commit && src.LSN == p.at.lsn {
-		p.at.ord++
-	} else {
-		p.at = rowID{commit: src.CommitLSN, lsn: src.LSN}
-	}
-	id := p.at
-	// FNV-1a, inline: no allocation per record.
-	h := uint64(14695981039346656037)
-	if c := row.Lookup(p.idField); c != nil && !c.Null {
-		for _, b := range c.Value {
-			h ^= uint64(b)
-			h *= 1099511628211
-		}
-	}
-	id.id = h
-	return id
-}
-
-// poisonKey identifies a record across sessions: its topic and its row.
-func poisonKey(topic string, id rowID) string {
-	b := make([]byte, 0, len(topic)+64)
-	b = append(b, topic...)
-	for _, v := range [...]uint64{id.commit, id.lsn, uint64(id.ord), id.id} {
-		b = append(b, 0)
-		b = strconv.AppendUint(b, v, 16)
-	}
-	return string(b)
-}
-
 // txnRec is what a record of the open transaction leaves behind once
 // produced: enough to acknowledge it and to name it as poison, but not its
 // row, which the garbage collector may take at once (a transaction holds up
@@ -168,6 +74,7 @@ type txnState struct {
 	// promise (txnPromise), so a record costs no closure; its context
 	// carries its index (recIndex, from slab).
 	failed  map[int]error
+	bad     atomic.Bool // a record failed: the transaction is lost
 	promise func(*kgo.Record, error)
 	slab    []recIndex
 	timer   *time.Timer
@@ -230,19 +137,14 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 // sendTxn produces rec in the open transaction (opening one if needed).
 // intended is the topic a DLQ record's event was meant for.
 func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool) error {
-	if !p.valid() {
-		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
+	if p.txn.bad.Load() {
+		// A record failed: the transaction cannot commit. Produce
+		// nothing more into it; find out why and end the session.
+		if err := p.commit(ctx); err != nil {
+			return err
+		}
 	}
 	size := recordSize(rec)
-	if cause := p.cfg.Poison.lookup(rec.Topic, id); cause != nil {
-		if !dlq && errors.Is(cause, kerr.InvalidTopicException) {
-			return p.deadLetter(ctx, ev, id, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: cause})
-		}
-		if !dlq {
-			intended = rec.Topic
-		}
-		return p.deadLetterTable(ctx, ev, id, intended, &route.Error{Class: route.ClassTooLarge, Msg: "Kafka rejected the record", Err: cause})
-	}
 	if !p.txn.open {
 		if err := p.client.BeginTransaction(); err != nil {
 			if isFenced(err) {
@@ -297,6 +199,7 @@ func (p *Producer) txnPromise(r *kgo.Record, err error) {
 	}
 	p.txn.failed[i] = err
 	p.mu.Unlock()
+	p.txn.bad.Store(true)
 }
 
 // loadMark is how many events waiting after a commit mean load.
@@ -367,9 +270,10 @@ func (p *Producer) commit(ctx context.Context) error {
 	return nil
 }
 
-// recordErrors examines the records of the flushed transaction. A record at
-// fault is remembered as poison, so that it goes to the dead letters when
-// read again; any failure aborts the transaction.
+// recordErrors examines the records of the flushed transaction; any
+// failure aborts it. Records Kafka refused for their own account become
+// suspects (see Poison), to be produced alone when read again: the error is
+// then a *refusedError.
 func (p *Producer) recordErrors() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -377,43 +281,64 @@ func (p *Producer) recordErrors() error {
 		return nil
 	}
 	defer clear(p.txn.failed)
-	first := p.txn.failed[-1]
-	var largest *txnRec
-	var largestErr error
-	for i := range p.txn.recs {
-		r := &p.txn.recs[i]
+	var first, fenced, fatal error
+	refused := 0
+	for i := -1; i < len(p.txn.recs); i++ { // -1: a record sendTxn did not produce (cannot happen)
 		err := p.txn.failed[i]
-		switch {
-		case err == nil:
+		if err == nil {
 			continue
-		case isFenced(err):
-			return fmt.Errorf("%w: produce in the Kafka transaction: %w", ErrFenced, err)
-		case isFatalKafka(err):
-			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics and the transactional id)", r.topic), Err: err}
-		case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord):
-			p.cfg.Poison.add(poisonKey(r.topic, r.id), err)
-		case isRecordFault(err):
-			// Too large for the broker (its limit is below ours): the
-			// large records of the batch are at fault, not their neighbours.
-			if r.size > p.cfg.MaxMessageBytes/2 {
-				p.cfg.Poison.add(poisonKey(r.topic, r.id), err)
+		}
+		switch classify(err) {
+		case faultFenced:
+			fenced = err
+		case faultFatal:
+			topic := ""
+			if i >= 0 {
+				topic = p.txn.recs[i].topic
 			}
-			if largest == nil || r.size > largest.size {
-				largest, largestErr = r, err
+			fatal = &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics and the transactional id)", topic), Err: err}
+		case faultRecord:
+			if i >= 0 {
+				r := &p.txn.recs[i]
+				if p.cfg.Poison.suspect(poisonKey(r.topic, r.id), err) {
+					p.metrics.KafkaRefused.WithLabelValues(r.topic, "suspect").Inc()
+				}
+				refused++
 			}
 		}
 		if first == nil {
 			first = err
 		}
 	}
-	if largest != nil && largest.size <= p.cfg.MaxMessageBytes/2 {
-		p.cfg.Poison.add(poisonKey(largest.topic, largest.id), largestErr)
+	switch {
+	case fenced != nil:
+		return fmt.Errorf("%w: produce in the Kafka transaction: %w", ErrFenced, fenced)
+	case fatal != nil:
+		return fatal
+	case refused > 0 && classify(first) == faultRecord:
+		err := &refusedError{err: first, n: refused}
+		p.log.Warn(err.Error())
+		return err
 	}
-	if first != nil {
-		p.log.Warn("a record of the Kafka transaction failed; aborting it and reading again from the confirmed position (records Kafka refused go to the dead letters)", "err", first)
-		return fmt.Errorf("produce in the Kafka transaction: %w", first)
+	p.log.Warn("a record of the Kafka transaction failed; aborting it and reading again from the confirmed position", "err", first)
+	return fmt.Errorf("produce in the Kafka transaction: %w", first)
+}
+
+// aloneTxn produces a suspect in a transaction of its own: what is open is
+// committed first. A refusal is a *refusedError, the transaction aborted.
+func (p *Producer) aloneTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool) error {
+	if err := p.commit(ctx); err != nil {
+		return err
 	}
-	return nil
+	if err := p.sendTxn(ctx, ev, id, rec, intended, dlq); err != nil {
+		return err
+	}
+	err := p.commit(ctx)
+	var rf *refusedError
+	if errors.As(err, &rf) {
+		p.abort()
+	}
+	return err
 }
 
 // abort ends the open transaction without committing, promptly, so that
@@ -435,4 +360,5 @@ func (p *Producer) abort() {
 	p.mu.Lock()
 	clear(p.txn.failed)
 	p.mu.Unlock()
+	p.txn.bad.Store(false)
 }

@@ -270,7 +270,9 @@ func (r *Relay) newKafkaClient(txnID string) (*kgo.Client, error) {
 		opts = append(opts, kgo.TransactionalID(txnID), kgo.RetryBackoffFn(txnRetryBackoff))
 	}
 	opts = append(opts,
-		kgo.WithLogger(kafkaLogger{kslog.New(r.log.With("component", "kafka"))}),
+		// WatchFailures: an idempotent producer halts at a refused batch,
+		// before franz-go fails its records (see publish/idem.go).
+		kgo.WithLogger(publish.WatchFailures(kafkaLogger{kslog.New(r.log.With("component", "kafka"))})),
 		kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry))))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

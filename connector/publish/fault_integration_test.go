@@ -1,0 +1,440 @@
+package publish
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/pgoutbox/pgoutbox/connector/wal"
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+)
+
+// relayRetryBackoff is the relay's retry backoff for transactional clients
+// (relay.txnRetryBackoff, which this package cannot import): 10 ms to 1 s.
+func relayRetryBackoff(fails int) time.Duration {
+	d := 10 * time.Millisecond << min(max(fails-1, 0), 7)
+	d = min(d, time.Second)
+	return d - time.Duration(rand.Int64N(int64(d)/5))
+}
+
+// faultEvents are the events of one fault test: 6 WAL transactions of 4
+// rows over 4 aggregates, the bad one (its payload carries mark) second in
+// the fourth transaction, followed by a large one of the same aggregate
+// (over half of OUTBOX_KAFKA_MAX_MESSAGE_BYTES) that Kafka fails with it.
+func faultEvents(l *line, aggType, mark string) (good []testenv.Event, bad testenv.Event) {
+	seq := map[string]int{}
+	lsn := uint64(1000)
+	for tx := range 6 {
+		var rows []*route.Row
+		for i := range 4 {
+			agg := fmt.Sprintf("k%d", (tx+i)%4)
+			if tx == 3 && i == 2 {
+				agg = fmt.Sprintf("k%d", (tx+1)%4) // the bad event's aggregate
+			}
+			seq[agg]++
+			ev := testenv.Event{ID: fmt.Sprintf("%s-%d-%d", aggType, tx, i), AggType: aggType, AggID: agg, Seq: seq[agg]}
+			switch {
+			case tx == 3 && i == 1:
+				ev.Payload = fmt.Sprintf(`{"seq": %d, "mark": "%s"}`, ev.Seq, mark)
+				bad = ev
+			case tx == 3 && i == 2:
+				ev.Payload = fmt.Sprintf(`{"seq": %d, "pad": "%s"}`, ev.Seq, strings.Repeat("p", 600<<10))
+				good = append(good, ev)
+			default:
+				ev.Payload = fmt.Sprintf(`{"seq": %d}`, ev.Seq)
+				good = append(good, ev)
+			}
+			lsn += 10
+			rows = append(rows, eventRow("id", ev.ID, aggType, agg, ev.Payload, lsn, 0))
+		}
+		lsn += 10
+		for _, r := range rows {
+			r.Source.CommitLSN = lsn
+		}
+		l.add(lsn, rows...)
+	}
+	return good, bad
+}
+
+// TestBrokerFaultMatrix: per class of produce error, in both modes, the
+// record Kafka refuses ends where it belongs, and its neighbours are
+// published, in order per aggregate (first deliveries), never dead-lettered:
+//   - retriable (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT), for a second:
+//     retried with a backoff (a bounded number of produce requests in that
+//     second), then published; nothing dead-lettered;
+//   - refused for its own account (INVALID_TIMESTAMP, INVALID_RECORD,
+//     POLICY_VIOLATION, MESSAGE_TOO_LARGE), every time: dead-lettered whole
+//     with the broker's error (to the DLQ topic; to outbox_dead_letter when
+//     too large), the other records of its batch, a large one among them,
+//     published;
+//   - the deployment's (TOPIC_AUTHORIZATION_FAILED): a fatal stop, nothing
+//     dead-lettered and nothing confirmed past it.
+func TestBrokerFaultMatrix(t *testing.T) {
+	pool := deadLetterPool(t)
+	for _, mode := range []string{"transactional", "idempotent"} {
+		for _, tc := range []struct {
+			err  *kerr.Error
+			kind string // retry, record, fatal
+		}{
+			{kerr.NotLeaderForPartition, "retry"},
+			{kerr.RequestTimedOut, "retry"},
+			{kerr.InvalidTimestamp, "record"},
+			{kerr.InvalidRecord, "record"},
+			{kerr.PolicyViolation, "record"},
+			{kerr.MessageTooLarge, "record"},
+			{kerr.TopicAuthorizationFailed, "fatal"},
+		} {
+			t.Run(mode+"/"+tc.err.Message, func(t *testing.T) {
+				if _, err := pool.Exec(context.Background(), `DELETE FROM public.outbox_dead_letter`); err != nil {
+					t.Fatal(err)
+				}
+				brokerFault(t, pool, mode == "transactional", tc.err, tc.kind)
+			})
+		}
+	}
+}
+
+func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *kerr.Error, kind string) {
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	aggType, dlq := "fault"+suffix, "dlq"+suffix
+	topic := "outbox.event." + aggType
+	c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic), kfake.SeedTopics(1, dlq))
+	l := newLine(t, brokers, Config{DLQTopic: dlq, Transactional: transactional, TopicPartitions: 2}, route.DefaultConfig())
+	l.pool = pool
+	if transactional {
+		l.opts = append(l.opts, kgo.RetryBackoffFn(relayRetryBackoff))
+	}
+	mark := "bad-" + suffix
+	good, bad := faultEvents(l, aggType, mark)
+	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: ferr, Count: -1,
+		When: func(req kmsg.Request) bool { return produceHas(req, mark) }})
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+
+	switch kind {
+	case "fatal":
+		err := l.session(ctx)
+		if !wal.IsFatal(err) {
+			t.Fatalf("session ended with %v; want a fatal error", err)
+		}
+		if l.confirmed >= l.txns[3].end {
+			t.Errorf("confirmed %d, at or past the refused record's transaction (%d)", l.confirmed, l.txns[3].end)
+		}
+		t.Logf("stopped: %v", err)
+		assertDeadLetters(t, pool, brokers, dlq, nil, "")
+		return
+	case "retry":
+		// The error holds for a second after it is first met.
+		hits := make(chan int, 1)
+		go func() {
+			if err := h.Wait(ctx, 1); err != nil {
+				hits <- -1
+				return
+			}
+			time.Sleep(time.Second)
+			n := h.Hits()
+			h.Remove()
+			hits <- n
+		}()
+		l.run(ctx, 3)
+		n := <-hits
+		// franz-go retries after its retry backoff, but counts failures
+		// per request and clears the count whenever a request is
+		// answered, as these are (the error is per partition): a
+		// persistent error is retried at the backoff's first step, the
+		// relay's 10 ms for a transactional client (fewer than 100 a
+		// second), franz-go's 250 ms otherwise. A loop without a
+		// delay would make thousands.
+		bound := 25
+		if transactional {
+			bound = 150
+		}
+		t.Logf("%d produce requests answered %s in one second", n, ferr.Message)
+		if n < 1 || n > bound {
+			t.Errorf("%d produce requests answered %s in one second; want at least 1 and a backoff (at most %d)", n, ferr.Message, bound)
+		}
+		good = append(good, bad)
+		assertDeadLetters(t, pool, brokers, dlq, nil, "")
+	case "record":
+		l.run(ctx, 10)
+		assertDeadLetters(t, pool, brokers, dlq, &bad, ferr.Message)
+		verdict := func(v string) float64 {
+			return metricValue(t, l.m.Registry, "outbox_connector_kafka_refused_records_total", map[string]string{"topic": topic, "verdict": v})
+		}
+		if g, i, s := verdict("guilty"), verdict("innocent"), verdict("suspect"); g != 1 || i < 1 || s != g+i {
+			t.Errorf("refused records: %v suspects, %v innocent, %v guilty; want 1 guilty, the rest of its batch innocent", s, i, g)
+		} else {
+			t.Logf("refused records: %v suspects, %v innocent, %v guilty", s, i, g)
+		}
+	}
+	cons := testenv.StartConsumer(t, brokers, topic)
+	cons.WaitFor(t, good, 20*time.Second)
+	dups := cons.Verify(t, good)
+	for _, r := range cons.Records() {
+		if testenv.Header(r, "id") == bad.ID && kind == "record" {
+			t.Errorf("the refused record reached its topic")
+		}
+	}
+	t.Logf("%d sessions, %d duplicates", l.sessions, dups)
+}
+
+// assertDeadLetters checks that the dead letters (the table and the DLQ
+// topic) hold exactly bad (none if nil), whole, with an error naming why.
+func assertDeadLetters(t *testing.T, pool *pgxpool.Pool, brokers, dlq string, bad *testenv.Event, why string) {
+	t.Helper()
+	var got []string
+	rows, err := pool.Query(context.Background(), `SELECT id, coalesce(payload, ''), error FROM public.outbox_dead_letter`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, payload, msg string
+		if err := rows.Scan(&id, &payload, &msg); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, id)
+		if bad != nil && id == bad.ID && (payload != bad.Payload || !strings.Contains(msg, why)) {
+			t.Errorf("outbox_dead_letter row %s: payload %q, error %q; want the payload whole and an error naming %s", id, payload, msg, why)
+		}
+	}
+	rows.Close()
+	dc := testenv.StartConsumer(t, brokers, dlq)
+	time.Sleep(300 * time.Millisecond)
+	for _, r := range dc.Records() {
+		id := testenv.Header(r, "id")
+		got = append(got, id)
+		if bad != nil && id == bad.ID {
+			if msg := testenv.Header(r, "error"); !strings.Contains(msg, why) {
+				t.Errorf("DLQ record %s: error %q; want it to name %s", id, msg, why)
+			}
+			if v := string(r.Value); !strings.Contains(v, fmt.Sprintf(`"aggregateid":"%s"`, bad.AggID)) || !strings.Contains(v, strings.ReplaceAll(bad.Payload, `"`, `\"`)) {
+				t.Errorf("DLQ record %s does not hold the row whole: %s", id, v)
+			}
+		}
+	}
+	want := []string{}
+	if bad != nil {
+		want = []string{bad.ID}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("dead letters %v; want %v", got, want)
+	}
+}
+
+// TestIdempotentPlacementKept: without transactions, a record that fails
+// once (its batch refused) and is then produced again still goes to the
+// partition the router's partition placement chose, not to the one its key
+// hashes to; it is not dead-lettered, having passed on its own.
+func TestIdempotentPlacementKept(t *testing.T) {
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	aggType, dlq := "place"+suffix, "dlq"+suffix
+	topic := "outbox.event." + aggType
+	c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(3, topic), kfake.SeedTopics(1, dlq))
+	rcfg := route.DefaultConfig()
+	rcfg.AdditionalFields = []route.AdditionalField{{Column: "part", Placement: route.PlacePartition, Alias: "part"}}
+	l := newLine(t, brokers, Config{DLQTopic: dlq, TopicPartitions: 3}, rcfg)
+	// A key that Kafka's default partitioner puts elsewhere than 2.
+	key := ""
+	hash := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("agg-%d", i); hash.Partition(&kgo.Record{Key: []byte(k)}, 3) != 2 {
+			key = k
+		}
+	}
+	mark := "once-" + suffix
+	var want []testenv.Event
+	for i := range 20 {
+		ev := testenv.Event{ID: fmt.Sprintf("%s-%d", aggType, i), AggType: aggType, AggID: key, Seq: i + 1, Payload: fmt.Sprintf(`{"seq": %d}`, i+1)}
+		if i == 5 {
+			ev.Payload = fmt.Sprintf(`{"seq": %d, "mark": "%s"}`, i+1, mark)
+		}
+		want = append(want, ev)
+		row := eventRow("id", ev.ID, aggType, key, ev.Payload, uint64(100+10*i), uint64(105+10*i))
+		row.Columns = append(row.Columns, route.Column{Name: "part", Type: route.OIDInt4, Value: []byte("2")})
+		l.add(uint64(105+10*i), row)
+	}
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.InvalidRecord,
+		When: func(req kmsg.Request) bool { return produceHas(req, mark) }})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l.run(ctx, 5)
+	cons := testenv.StartConsumer(t, brokers, topic)
+	cons.WaitFor(t, want, 20*time.Second)
+	cons.Verify(t, want)
+	for _, r := range cons.Records() {
+		if r.Partition != 2 {
+			t.Errorf("event %s on partition %d; the router placed it on 2", testenv.Header(r, "id"), r.Partition)
+		}
+	}
+	if n, err := testenv.CommittedRecords(ctx, brokers, dlq); err != nil || n != 0 {
+		t.Errorf("%d dead letters (%v); want none", n, err)
+	}
+}
+
+// TestIdempotentOrderAcrossFailure: without transactions, records of one
+// aggregate keep their order of first delivery when batches of theirs are
+// refused (for a few records Kafka refuses every time) while later records
+// keep coming: none produced after a failure overtakes the failed ones, the
+// refused ones are dead-lettered, every other one is published.
+func TestIdempotentOrderAcrossFailure(t *testing.T) {
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	aggType, dlq := "order"+suffix, "dlq"+suffix
+	topic := "outbox.event." + aggType
+	c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.SeedTopics(1, dlq))
+	l := newLine(t, brokers, Config{DLQTopic: dlq}, route.DefaultConfig())
+	var want []testenv.Event
+	var marks []string
+	for i := range 600 {
+		ev := testenv.Event{ID: fmt.Sprintf("%s-%d", aggType, i), AggType: aggType, AggID: "a", Seq: i + 1, Payload: fmt.Sprintf(`{"seq": %d}`, i+1)}
+		if i%150 == 50 {
+			mark := fmt.Sprintf("bad-%s-%d", suffix, i)
+			marks = append(marks, mark)
+			ev.Payload = fmt.Sprintf(`{"seq": %d, "mark": "%s"}`, i+1, mark)
+		} else {
+			want = append(want, ev)
+		}
+		l.add(uint64(105+10*i), eventRow("id", ev.ID, aggType, "a", ev.Payload, uint64(100+10*i), uint64(105+10*i)))
+	}
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.PolicyViolation, Count: -1,
+		When: func(req kmsg.Request) bool {
+			for _, mark := range marks {
+				if produceHas(req, mark) {
+					return true
+				}
+			}
+			return false
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l.run(ctx, 10)
+	cons := testenv.StartConsumer(t, brokers, topic)
+	cons.WaitFor(t, want, 20*time.Second)
+	dups := cons.Verify(t, want)
+	if n := metricValue(t, l.m.Registry, "outbox_connector_order_violations_total", nil); n != 0 {
+		t.Errorf("outbox_connector_order_violations_total = %v", n)
+	}
+	n, err := testenv.CommittedRecords(ctx, brokers, dlq)
+	if err != nil || n != int64(len(marks)) {
+		t.Errorf("%d dead letters (%v); want %d", n, err, len(marks))
+	}
+	t.Logf("%d sessions, %d duplicates", l.sessions, dups)
+}
+
+// slowFailures delays franz-go's promise goroutine once, on the first
+// failed record, before its promise runs: it widens the window between
+// franz-go failing a partition's records and the producer learning of it.
+type slowFailures struct {
+	once  sync.Once
+	delay time.Duration
+}
+
+func (h *slowFailures) OnProduceRecordUnbuffered(_ *kgo.Record, err error) {
+	if err != nil {
+		h.once.Do(func() { time.Sleep(h.delay) })
+	}
+}
+
+// TestIdempotentWindowSeen: the window in which a record produced after
+// franz-go failed a partition's records could overtake them (see idem.go),
+// widened on purpose: franz-go's promise goroutine is held up for 300 ms at
+// the first failure while records of the same key keep coming.
+//   - With WatchFailures around the client's logger, as the relay has it,
+//     the producer halts at the failure itself: nothing produced after it
+//     is sent, first deliveries stay in order, no violation is counted.
+//   - Without it, records of that key are acked before the failed one. The
+//     producer sees each (a partition's promises run in order), counts it
+//     in outbox_connector_order_violations_total, logs it, and does not
+//     count it done: the next session publishes it again after the failed
+//     one, so the last deliveries are in order and nothing is lost.
+func TestIdempotentWindowSeen(t *testing.T) {
+	for _, watched := range []bool{true, false} {
+		t.Run(map[bool]string{true: "watched", false: "unwatched"}[watched], func(t *testing.T) {
+			idempotentWindow(t, watched)
+		})
+	}
+}
+
+func idempotentWindow(t *testing.T, watched bool) {
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	aggType, dlq := "window"+suffix, "dlq"+suffix
+	topic := "outbox.event." + aggType
+	c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.SeedTopics(1, dlq))
+	l := newLine(t, brokers, Config{DLQTopic: dlq}, route.DefaultConfig())
+	l.noWatch = !watched
+	l.opts = append(l.opts, kgo.WithHooks(&slowFailures{delay: 300 * time.Millisecond}))
+	var want []testenv.Event
+	mark := "once-" + suffix
+	const failed = 50
+	for i := range 400 {
+		ev := testenv.Event{ID: fmt.Sprintf("%s-%d", aggType, i), AggType: aggType, AggID: "a", Seq: i + 1, Payload: fmt.Sprintf(`{"seq": %d}`, i+1)}
+		if i == failed {
+			ev.Payload = fmt.Sprintf(`{"seq": %d, "mark": "%s"}`, i+1, mark)
+		}
+		want = append(want, ev)
+		l.add(uint64(105+10*i), eventRow("id", ev.ID, aggType, "a", ev.Payload, uint64(100+10*i), uint64(105+10*i)))
+	}
+	used := false // the mark fails the first request holding it, once
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.PolicyViolation, Count: -1,
+		When: func(req kmsg.Request) bool {
+			if !used && produceHas(req, mark) {
+				used = true
+				return true
+			}
+			return false
+		}})
+	// Slowly enough that records come while the promise goroutine waits.
+	l.pace = 2 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l.run(ctx, 10)
+	cons := testenv.StartConsumer(t, brokers, topic)
+	cons.WaitFor(t, want, 20*time.Second)
+	violations := metricValue(t, l.m.Registry, "outbox_connector_order_violations_total", nil)
+	recs := cons.Records()
+	t.Logf("%v order violations seen; %d sessions; %d records consumed for %d events", violations, l.sessions, len(recs), len(want))
+	if watched {
+		if violations != 0 {
+			t.Errorf("outbox_connector_order_violations_total = %v; want 0 (WatchFailures halts at the failure)", violations)
+		}
+		cons.Verify(t, want)
+		return
+	}
+	if violations < 1 {
+		t.Fatalf("outbox_connector_order_violations_total = %v; want the records acked in the widened window counted", violations)
+	}
+	if !strings.Contains(l.log.String(), "consumers may see it before that one") {
+		t.Error("no log line names an order violation")
+	}
+	// From the failed record's first delivery on, every later event is
+	// delivered again, in order.
+	at := -1
+	for i, r := range recs {
+		if testenv.Header(r, "id") == want[failed].ID {
+			at = i
+			break
+		}
+	}
+	if at < 0 {
+		t.Fatal("the failed record was never delivered")
+	}
+	next := failed
+	for _, r := range recs[at:] {
+		if next < len(want) && testenv.Header(r, "id") == want[next].ID {
+			next++
+		}
+	}
+	if next != len(want) {
+		t.Errorf("after the failed record's delivery, events are delivered again in order only up to seq %d of %d", next, len(want))
+	}
+}

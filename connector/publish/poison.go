@@ -1,0 +1,262 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+)
+
+// Records Kafka refuses.
+//
+// Kafka answers a produce request per partition: one error for a whole
+// batch. franz-go (pkg/kgo/sink.go, handleReqRespBatch and finishBatch, as
+// of v1.22) retries a batch whose error is retriable (kerr.IsRetriable,
+// apart from CORRUPT_MESSAGE), without limit with our options. On any other
+// error it fails the batch and, through recBuf.failAllRecords, every record
+// buffered behind it for that partition, with the same error: with or
+// without idempotency or transactions alike, since a partition's sequence
+// numbers must stay contiguous. (An idempotent client also bumps its
+// producer epoch, as the failed batch was written under its own.) So an
+// error that belongs to one record reaches the promises of every record of
+// its partition that was in flight, and franz-go does not say which one is
+// at fault.
+//
+// Hence a verdict in two steps. Every record that failed that way becomes a
+// suspect, remembered across sessions; the session ends (a transaction is
+// aborted), and the next one reads again from the confirmed position. A
+// suspect read again is produced alone, once everything before it is acked
+// (committed): if Kafka takes it, it was innocent and is published, in its
+// place; if Kafka refuses it again, alone, it is guilty and goes to the dead
+// letters, whole, with the broker's error. An innocent record is never
+// dead-lettered.
+
+// verdict is what is known about a record Kafka refused.
+type verdict struct {
+	err    error // why Kafka refused it
+	guilty bool  // refused when produced alone
+}
+
+// Poison remembers, across sessions, records Kafka refused: suspects (a
+// batch holding them was refused) and the guilty (refused alone). Safe for
+// concurrent use; the zero value is empty.
+type Poison struct {
+	mu sync.Mutex
+	m  map[string]verdict
+	n  atomic.Int64 // len(m), read without the lock on every record
+}
+
+// maxPoison bounds the memory: poison is rare, and forgetting an entry only
+// costs one more failed session.
+const maxPoison = 10000
+
+// set records v for key; it reports whether key was unknown.
+func (ps *Poison) set(key string, v verdict) bool {
+	if ps == nil {
+		return true
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	old, known := ps.m[key]
+	if known && old.guilty && !v.guilty {
+		return false // a guilty record failing again with its batch stays guilty
+	}
+	if ps.m == nil || len(ps.m) >= maxPoison {
+		ps.m = map[string]verdict{}
+	}
+	ps.m[key] = v
+	ps.n.Store(int64(len(ps.m)))
+	return !known
+}
+
+// suspect remembers a record whose batch Kafka refused with err; it reports
+// whether the record was not a suspect already (a suspect produced alone
+// fails here again before it is convicted).
+func (ps *Poison) suspect(key string, err error) bool { return ps.set(key, verdict{err: err}) }
+
+// convict remembers a record Kafka refused alone.
+func (ps *Poison) convict(key string, err error) { ps.set(key, verdict{err: err, guilty: true}) }
+
+// acquit forgets a record Kafka took alone.
+func (ps *Poison) acquit(key string) {
+	if ps == nil {
+		return
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	delete(ps.m, key)
+	ps.n.Store(int64(len(ps.m)))
+}
+
+// lookup returns what is known of the record of row id for topic. The key
+// is built only when something is known at all.
+func (ps *Poison) lookup(topic string, id rowID) (verdict, bool) {
+	if ps == nil || ps.n.Load() == 0 {
+		return verdict{}, false
+	}
+	key := poisonKey(topic, id)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	v, ok := ps.m[key]
+	return v, ok
+}
+
+// rowID identifies an outbox row across sessions: its place in the WAL
+// (its transaction's commit LSN, its own LSN, and its ordinal among the
+// events at that position: the rows of a snapshot all have LSN 0 and the
+// snapshot's LSN as commit LSN, the rows of one multi-insert (COPY) share
+// an LSN) and a hash of its event id (the column table.field.event.id
+// names). Reading the WAL again gives the same events in the same order,
+// and a snapshot is read in a fixed order, so a row has the same rowID in
+// every session; two rows never share one.
+type rowID struct {
+	commit, lsn uint64
+	ord         uint32
+	id          uint64
+}
+
+// identify returns the rowID of the next event, row. It must see every
+// event, in order: the ordinal counts the events at one position.
+func (p *Producer) identify(row *route.Row) rowID {
+	if row == nil {
+		return rowID{}
+	}
+	src := &row.Source
+	if src.CommitLSN == p.at.commit && src.LSN == p.at.lsn {
+		p.at.ord++
+	} else {
+		p.at = rowID{commit: src.CommitLSN, lsn: src.LSN}
+	}
+	id := p.at
+	// FNV-1a, inline: no allocation per record.
+	h := uint64(14695981039346656037)
+	if c := row.Lookup(p.idField); c != nil && !c.Null {
+		for _, b := range c.Value {
+			h ^= uint64(b)
+			h *= 1099511628211
+		}
+	}
+	id.id = h
+	return id
+}
+
+// poisonKey identifies a record across sessions: its topic and its row.
+func poisonKey(topic string, id rowID) string {
+	b := make([]byte, 0, len(topic)+64)
+	b = append(b, topic...)
+	for _, v := range [...]uint64{id.commit, id.lsn, uint64(id.ord), id.id} {
+		b = append(b, 0)
+		b = strconv.AppendUint(b, v, 16)
+	}
+	return string(b)
+}
+
+// fault is what a produce error means for the line. classify is the one
+// place that decides it.
+type fault uint8
+
+const (
+	faultNone      fault = iota
+	faultStop            // the session is ending (shutdown, client closed, halted): read again, no verdict
+	faultFenced          // another producer took the transactional id: the lease is lost
+	faultFatal           // the deployment's (credentials, ACLs): stop, say why
+	faultTransient       // Kafka or the client, not the record: read again after the relay's backoff
+	faultRecord          // Kafka refused the record's batch for the data's sake: suspects
+)
+
+// producerState are non-retriable errors about the producer's state, not
+// about a record's data: the session restarts with a new producer.
+var producerState = map[int16]bool{
+	kerr.OutOfOrderSequenceNumber.Code:     true,
+	kerr.DuplicateSequenceNumber.Code:      true,
+	kerr.UnknownProducerID.Code:            true,
+	kerr.InvalidProducerIDMapping.Code:     true,
+	kerr.InvalidTxnState.Code:              true,
+	kerr.InvalidTransactionTimeout.Code:    true,
+	kerr.TransactionCoordinatorFenced.Code: true,
+	kerr.TransactionAbortable.Code:         true,
+	kerr.UnsupportedVersion.Code:           true,
+	kerr.UnsupportedForMessageFormat.Code:  true,
+	kerr.InvalidRequiredAcks.Code:          true,
+}
+
+// classify decides what a record's produce error means. Kafka's own
+// classification decides retriable against not (kerr.IsRetriable, the
+// protocol's "retriable" flag): franz-go retries those itself, with its
+// backoff and without limit under our options, so one that reaches a
+// promise (a retry limit) is transient, read again after the relay's
+// backoff, never the record's fault. CORRUPT_MESSAGE is the exception:
+// flagged retriable, but franz-go does not retry it, and brokers answer it
+// for a record's own faults too (a null key on a compacted topic, before
+// INVALID_RECORD existed), so it is the record's; a record it hit by
+// accident passes when produced alone. A non-retriable Kafka error is the
+// record's (its batch's) unless it is about the deployment (fatal) or the
+// producer's state; an error franz-go raises before sending (a partition
+// the topic lacks, a record over the batch limit) is the record's too.
+func classify(err error) fault {
+	var ke *kerr.Error
+	switch {
+	case err == nil:
+		return faultNone
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, kgo.ErrClientClosed), errors.Is(err, kgo.ErrAborting):
+		return faultStop
+	case isFenced(err):
+		return faultFenced
+	case isFatalKafka(err):
+		return faultFatal
+	case errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrRecordRetries), errors.Is(err, kgo.ErrMaxBuffered):
+		return faultTransient
+	case errors.Is(err, kerr.CorruptMessage):
+		return faultRecord
+	case errors.As(err, &ke):
+		if kerr.IsRetriable(err) || producerState[ke.Code] {
+			return faultTransient
+		}
+		return faultRecord
+	case strings.Contains(err.Error(), "no usable partitions"):
+		// kgo: no partition of the topic has a leader now.
+		return faultTransient
+	}
+	return faultRecord
+}
+
+// ClassRefused is the dead-letter class of a record Kafka refused for its
+// own account when produced alone (INVALID_TIMESTAMP, INVALID_RECORD,
+// POLICY_VIOLATION, ...); the DLQ record's error header holds the broker's
+// error.
+const ClassRefused route.ErrorClass = "kafka-refused"
+
+// refusedCause is the dead-letter cause of a record Kafka refused alone
+// with err: too large ones belong in the table (rule 7), a topic Kafka
+// rejects keeps its own class.
+func refusedCause(err error) *route.Error {
+	switch {
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+		return &route.Error{Class: route.ClassTooLarge, Msg: "Kafka refused the record as too large, produced alone", Err: err}
+	case errors.Is(err, kerr.InvalidTopicException):
+		return &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka rejected the topic", Err: err}
+	}
+	return &route.Error{Class: ClassRefused, Msg: "Kafka refused the record, produced alone", Err: err}
+}
+
+// refusedError ends a Kafka transaction in which Kafka refused records for
+// their own account; they are suspects now.
+type refusedError struct {
+	err error // the first record's error
+	n   int   // records refused
+}
+
+func (e *refusedError) Error() string {
+	return "Kafka refused " + strconv.Itoa(e.n) + " record(s) of the transaction: " + e.err.Error() +
+		"; aborting it and reading again from the confirmed position, where each is produced alone"
+}
+
+func (e *refusedError) Unwrap() error { return e.err }
