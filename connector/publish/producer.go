@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	faultstep "github.com/pgoutbox/pgoutbox/connector/fault"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
@@ -51,6 +52,8 @@ type Config struct {
 	// holds the leader lease); checked before every record, every dead
 	// letter and every commit.
 	Valid func() bool
+	// Faults, set by tests only, fails or stops the producer at a step.
+	Faults faultstep.Hook
 	// Blocked, when set, is told what holds the line back while the
 	// producer waits for something only an operator can fix (a topic that
 	// does not exist with TopicCreate off), and "" once it no longer does;

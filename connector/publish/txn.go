@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	faultstep "github.com/pgoutbox/pgoutbox/connector/fault"
 	"github.com/pgoutbox/pgoutbox/connector/lease"
 	"github.com/pgoutbox/pgoutbox/connector/tracker"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
@@ -238,8 +239,16 @@ func (p *Producer) commit(ctx context.Context) error {
 	if !p.valid() {
 		return fmt.Errorf("%w: the leader lease's deadline passed before the Kafka transaction committed; aborting it", ErrFenced)
 	}
-	err := p.client.EndTransaction(ctx, kgo.TryCommit)
+	err := p.cfg.Faults.At(faultstep.BeforeKafkaCommit)
+	if err == nil {
+		err = p.client.EndTransaction(ctx, kgo.TryCommit)
+	}
 	p.txn.open = false
+	if err == nil {
+		// Committed at Kafka, not yet acked here: a failure now leaves the
+		// records unacked, read again and published again (duplicates).
+		err = p.cfg.Faults.At(faultstep.AfterKafkaCommit)
+	}
 	if err != nil {
 		if isFenced(err) {
 			return fmt.Errorf("%w: commit the Kafka transaction: %w", ErrFenced, err)

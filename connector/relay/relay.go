@@ -608,7 +608,7 @@ func (r *Relay) producerConfig(l *leadership) publish.Config {
 		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
 		TopicConfigs: cfgs, Headers: func() []kgo.RecordHeader { return l.headers }, Published: &r.published,
 		Transactional: r.cfg.Transactional, TxnInterval: r.cfg.TxnInterval, TxnMaxRecords: r.cfg.MaxInFlight,
-		Poison: &r.poison, Valid: l.term.Valid,
+		Poison: &r.poison, Valid: l.term.Valid, Faults: r.faults,
 		// A producer waiting for what only an operator can fix (a missing
 		// topic) says so in /readyz detail.
 		Blocked: func(reason string) { r.lastErr.Store(&reason) },
