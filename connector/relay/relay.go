@@ -388,7 +388,19 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	if err != nil {
 		return err
 	}
-	defer kcl.Close()
+	closeKafka := sync.OnceFunc(kcl.Close)
+	defer closeKafka()
+	if !r.cfg.Transactional {
+		// Without Kafka transactions nothing at the broker fences this
+		// producer, and the client goes on sending (and retrying) what it
+		// buffered until it is closed: once the term ended, a standby may
+		// take over (a guard after this instance's deadline), so close the
+		// client at once rather than when the session has unwound (the
+		// state writer or the snapshot may still wait on a dead database
+		// connection then). Records it fails stay unacked and are read
+		// again by the next leader.
+		defer context.AfterFunc(tctx, closeKafka)()
+	}
 	if r.cfg.Transactional {
 		// Fence the previous leader at the broker before reading anything:
 		// InitProducerID bumps the epoch of the slot's transactional id,
@@ -663,8 +675,12 @@ func (w *stateWriter) run(ctx context.Context, every time.Duration) error {
 		// The write itself is not cancelled with ctx: pgx closes a
 		// connection whose query is cancelled, and the final write at a
 		// graceful stop needs this connection.
+		// It ends with the term, though: a write after it is fenced anyway,
+		// and the session must not wait 30 s on a dead connection.
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		stop := context.AfterFunc(w.term.Context(), cancel)
 		err := w.write(wctx, w.tracker.Acked(), false)
+		stop()
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {

@@ -40,9 +40,14 @@ func (r *Relay) openSnapshot(ctx context.Context, name string) (*snapshot, error
 	return &snapshot{conn: conn, tx: tx}, nil
 }
 
+// close ends the snapshot's transaction and connection, within a few
+// seconds even when the connection is dead (a read-only transaction has
+// nothing to keep: the server rolls it back when the connection goes).
 func (s *snapshot) close(ctx context.Context) {
-	_ = s.tx.Rollback(context.WithoutCancel(ctx))
-	_ = s.conn.Close(context.WithoutCancel(ctx))
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = s.tx.Rollback(cctx)
+	_ = s.conn.Close(cctx)
 }
 
 // publishSnapshot publishes every row of the outbox table in the snapshot,
@@ -113,16 +118,18 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 	return nil
 }
 
-// querySnapshotOrder finds how the snapshot can order the table's rows: a
-// bigint column filled at INSERT from a sequence (an identity column, or a
-// default of nextval), the first by position; whether commit timestamps are
+// querySnapshotOrder finds how the snapshot can order the table's rows: an
+// integer column filled at INSERT from a sequence the table owns (an
+// identity or serial column) that hands out values one at a time (CACHE 1:
+// with a larger cache each session takes a range, and a later write may get
+// a smaller value), the first by position; whether commit timestamps are
 // kept; whether the table has created_at.
 const querySnapshotOrder = `
 SELECT coalesce((SELECT a.attname::text FROM pg_attribute a
-                 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                 JOIN pg_sequence q ON q.seqrelid = pg_get_serial_sequence(format('%I.%I', n.nspname, c.relname), a.attname)::regclass
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
                    AND a.atttypid IN ('int8'::regtype, 'int4'::regtype)
-                   AND (a.attidentity <> '' OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%')
+                   AND q.seqcache = 1
                  ORDER BY a.attnum LIMIT 1), ''),
        current_setting('track_commit_timestamp')::bool,
        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'created_at' AND NOT attisdropped)
@@ -140,10 +147,13 @@ WHERE n.nspname = $1 AND c.relname = $2`
 //     write, within a transaction or after another committed, has a larger
 //     one (sequence values are not in commit order across concurrent
 //     transactions, but those are not serialised, and no order is owed);
-//   - with track_commit_timestamp, the commit time of the row's transaction,
-//     then its physical position: commit order, and within a transaction the
-//     order rows were appended (a table whose free space is reused may place
-//     a later row of one transaction before an earlier one);
+//   - with track_commit_timestamp, the commit time of the row's
+//     transaction, then the transaction (rows of two transactions that
+//     committed in the same microsecond are not interleaved), then the
+//     command within it (cmin: each statement has its own), then the
+//     physical position, which orders the rows of one multi-row INSERT only
+//     as far as they were appended (a table whose free space is reused may
+//     place a later row of one statement on an earlier page);
 //   - created_at, then physical position, which is not exact (the caller
 //     warns).
 func (r *Relay) snapshotOrder(ctx context.Context, tx pgx.Tx) (order string, exact bool, err error) {
@@ -158,7 +168,7 @@ func (r *Relay) snapshotOrder(ctx context.Context, tx pgx.Tx) (order string, exa
 	case commitTS:
 		// A row whose commit time was not kept (committed before the
 		// setting was turned on) sorts first: it is older.
-		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, ctid", true, nil
+		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, xmin::text::bigint, cmin::text::bigint, ctid", true, nil
 	case hasCreated:
 		return "created_at, ctid", false, nil
 	}

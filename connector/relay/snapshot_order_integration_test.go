@@ -98,3 +98,50 @@ func TestSnapshotOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotOrderChoice: which order the snapshot takes for each shape of
+// table, and whether it is exact.
+func TestSnapshotOrderChoice(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{NoSchema: true})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	for _, q := range []string{
+		"CREATE SCHEMA s",
+		"CREATE TABLE s.identity (id int, created_at timestamptz, seq bigint GENERATED ALWAYS AS IDENTITY)",
+		"CREATE TABLE s.serial (id int, n bigserial)",
+		"CREATE TABLE s.cached (id int, created_at timestamptz, seq bigint GENERATED ALWAYS AS IDENTITY (CACHE 20))",
+		"CREATE SEQUENCE s.free",
+		"CREATE TABLE s.unowned (id int, created_at timestamptz, seq bigint DEFAULT nextval('s.free'))",
+		"CREATE TABLE s.plain (id int, created_at timestamptz)",
+		"CREATE TABLE s.bare (id int)",
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for _, tc := range []struct {
+		table, order string
+		exact        bool
+	}{
+		{"identity", `"seq"`, true},
+		{"serial", `"n"`, true},
+		// A session takes 20 values at a time: a later write may get a
+		// smaller one.
+		{"cached", "created_at, ctid", false},
+		// Not owned by the table: nothing says who else takes its values.
+		{"unowned", "created_at, ctid", false},
+		{"plain", "created_at, ctid", false},
+		{"bare", "ctid", false},
+	} {
+		r := &Relay{schema: "s", table: tc.table}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		order, exact, err := r.snapshotOrder(ctx, tx)
+		_ = tx.Rollback(ctx)
+		if err != nil || order != tc.order || exact != tc.exact {
+			t.Errorf("%s: order %q exact %v (%v), want %q %v", tc.table, order, exact, err, tc.order, tc.exact)
+		}
+	}
+}
