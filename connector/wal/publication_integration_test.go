@@ -135,3 +135,107 @@ func TestOutboxPartitionOfLive(t *testing.T) {
 		}
 	}
 }
+
+// filterSetup: an outbox-shaped table with a generated column (never
+// published, so never required of a column list), a partitioned one, and a
+// second table for publications that list more than the outbox.
+var filterSetup = []string{
+	`CREATE SCHEMA filt`,
+	`CREATE TABLE filt.outbox (id int, aggregatetype text, payload text, size int GENERATED ALWAYS AS (length(payload)) STORED)`,
+	`CREATE TABLE filt.other (id int)`,
+	`CREATE SCHEMA fpart`,
+	`CREATE TABLE fpart.outbox (id int, aggregatetype text, payload text) PARTITION BY LIST (aggregatetype)`,
+	`CREATE TABLE fpart.outbox_default PARTITION OF fpart.outbox DEFAULT`,
+}
+
+// TestEnsurePublicationFiltersLive: a publication whose entry for the
+// outbox has a row filter, or a column list that leaves out a column the
+// table has, would make pgoutput send some events not at all or without
+// their columns while keepalives confirm past them: EnsurePublication
+// refuses it with a FatalError naming the filter or the columns and the
+// ALTER PUBLICATION ... SET TABLE that fixes it. A column list naming every
+// column the table publishes is accepted (it publishes what no list would);
+// so are no list and FOR ALL TABLES. A partitioned outbox published via its
+// root is judged by the root's entry.
+func TestEnsurePublicationFiltersLive(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{NoSchema: true})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	for _, q := range filterSetup {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	tests := []struct {
+		name   string
+		setup  string // %s: the publication
+		schema string
+		fatal  []string // a FatalError saying each; empty: success
+	}{
+		{name: "row filter", setup: `CREATE PUBLICATION %s FOR TABLE filt.outbox WHERE (aggregatetype <> 'billing') WITH (publish = 'insert')`, schema: "filt",
+			fatal: []string{"row filter", "aggregatetype <> 'billing'", "ALTER PUBLICATION %s SET TABLE filt.outbox;"}},
+		{name: "row filter, other tables listed too", setup: `CREATE PUBLICATION %s FOR TABLE filt.other, filt.outbox WHERE (id > 10)`, schema: "filt",
+			fatal: []string{"row filter", "ALTER PUBLICATION %s SET TABLE filt.outbox;", "list them after it"}},
+		{name: "column list without payload", setup: `CREATE PUBLICATION %s FOR TABLE filt.outbox (id, aggregatetype) WITH (publish = 'insert')`, schema: "filt",
+			fatal: []string{"column list", "payload", "ALTER PUBLICATION %s SET TABLE filt.outbox;"}},
+		{name: "column list without id", setup: `CREATE PUBLICATION %s FOR TABLE filt.outbox (aggregatetype, payload)`, schema: "filt",
+			fatal: []string{"column list", "leaves out id", "ALTER PUBLICATION %s SET TABLE filt.outbox;"}},
+		{name: "column list of every column", setup: `CREATE PUBLICATION %s FOR TABLE filt.outbox (payload, id, aggregatetype) WITH (publish = 'insert')`, schema: "filt"},
+		{name: "no filter", setup: `CREATE PUBLICATION %s FOR TABLE filt.outbox WITH (publish = 'insert')`, schema: "filt"},
+		{name: "for all tables", setup: `CREATE PUBLICATION %s FOR ALL TABLES WITH (publish = 'insert')`, schema: "filt"},
+		{name: "partitioned via its root, row filter on the root", setup: `CREATE PUBLICATION %s FOR TABLE fpart.outbox WHERE (aggregatetype <> 'billing') WITH (publish = 'insert', publish_via_partition_root = true)`,
+			schema: "fpart", fatal: []string{"row filter", "ALTER PUBLICATION %s SET TABLE fpart.outbox;"}},
+		{name: "partitioned via its root, column list on the root", setup: `CREATE PUBLICATION %s FOR TABLE fpart.outbox (id, aggregatetype) WITH (publish = 'insert', publish_via_partition_root = true)`,
+			schema: "fpart", fatal: []string{"column list", "payload"}},
+		{name: "partitioned via its root, no filter", setup: `CREATE PUBLICATION %s FOR TABLE fpart.outbox WITH (publish = 'insert', publish_via_partition_root = true)`, schema: "fpart"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pub := "fpub_" + string(rune('a'+i))
+			if _, err := conn.Exec(ctx, strings.ReplaceAll(tt.setup, "%s", pub)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := EnsurePublication(ctx, conn, pub, tt.schema, "outbox")
+			if len(tt.fatal) == 0 {
+				if err != nil {
+					t.Fatalf("EnsurePublication: %v; want it accepted", err)
+				}
+				return
+			}
+			var fe *FatalError
+			if !errors.As(err, &fe) {
+				t.Fatalf("EnsurePublication: %v; want a FatalError", err)
+			}
+			for _, want := range tt.fatal {
+				if want = strings.ReplaceAll(want, "%s", pub); !strings.Contains(err.Error(), want) {
+					t.Errorf("EnsurePublication: %v; want it to say %q", err, want)
+				}
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+}
+
+// TestEnsurePublicationOldServerLive: PostgreSQL 13 has neither row filters
+// nor column lists (pg_publication_tables has no rowfilter or attnames):
+// the check still reads the publication and accepts it.
+func TestEnsurePublicationOldServerLive(t *testing.T) {
+	bin, err := testenv.PGVersionBinDir(13)
+	if err != nil {
+		testenv.Unavailable(t, "PostgreSQL 13: %v", err)
+	}
+	pg := testenv.StartPostgres(t, testenv.PGOptions{NoSchema: true, BinDir: bin})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	for _, q := range []string{`CREATE SCHEMA filt`, `CREATE TABLE filt.outbox (id int, payload text)`, `CREATE PUBLICATION old_pub FOR TABLE filt.outbox WITH (publish = 'insert')`} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if _, err := EnsurePublication(ctx, conn, "old_pub", "filt", "outbox"); err != nil {
+		t.Fatalf("EnsurePublication on %s: %v", pg.Version, err)
+	}
+	if _, err := EnsurePublication(ctx, conn, "old_created", "filt", "outbox"); err != nil {
+		t.Fatalf("EnsurePublication (creating it) on %s: %v", pg.Version, err)
+	}
+}

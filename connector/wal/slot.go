@@ -118,14 +118,28 @@ const queryPublicationInsert = `SELECT pubinsert FROM pg_publication WHERE pubna
 // outbox.
 const queryPublicationViaRoot = `SELECT pubviaroot FROM pg_publication WHERE pubname = $1`
 
-// queryPublicationTable lists the tables as the publication publishes them:
-// a partitioned table published via its root is listed itself, one
-// published as its partitions is listed as those partitions.
+// queryPublicationTable reads the outbox's entry in the publication as the
+// publication publishes it (a partitioned table published via its root is
+// listed itself, one published as its partitions is listed as those
+// partitions; no row: not published): its row filter, and the columns of the
+// table that its column list leaves out. Row filters and column lists came
+// with PostgreSQL 15; the columns rowfilter and attnames are read through
+// to_jsonb so that on 13 and 14, which have neither, the keys are simply
+// absent (no filter, nothing left out) instead of the query failing.
+// Generated columns are never published (and may not be listed), so they
+// are not required of a list.
 const queryPublicationTable = `
-SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`
+SELECT to_jsonb(pt) ->> 'rowfilter',
+       ARRAY(SELECT a.attname::text FROM pg_attribute a
+             WHERE a.attrelid = format('%I.%I', pt.schemaname, pt.tablename)::regclass
+               AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+               AND to_jsonb(pt) ? 'attnames' AND NOT (to_jsonb(pt) -> 'attnames') ? a.attname::text
+             ORDER BY a.attnum)
+FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`
 
 // EnsurePublication checks that the publication exists and publishes the
-// outbox table's inserts as the outbox table's, creating it (inserts only)
+// outbox table's inserts, whole and every one (no row filter, no column list
+// that leaves a column out), as the outbox table's, creating it (inserts only)
 // when it is missing and the role may. It returns whether it created the
 // publication.
 //
@@ -184,14 +198,33 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 			return created, Fatalf("publication %q publishes the partitions of the partitioned table %s.%s under their own names (publish_via_partition_root is off), so the connector would not see their inserts as the outbox's; run: ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub, schema, table, pub)
 		}
 	}
-	var has bool
-	if err := conn.QueryRow(ctx, queryPublicationTable, pub, schema, table).Scan(&has); err != nil {
-		return created, fmt.Errorf("check publication %q for %s.%s: %w", pub, schema, table, err)
-	}
-	if !has {
+	// A row filter makes pgoutput send nothing for the rows it rejects, and
+	// a column list that leaves out a column sends rows without it (the
+	// router then misses id or payload): either way the keepalives would
+	// confirm past events never published whole. FOR ALL TABLES and FOR
+	// TABLES IN SCHEMA publications have neither.
+	var rowFilter *string
+	var leftOut []string
+	err = conn.QueryRow(ctx, queryPublicationTable, pub, schema, table).Scan(&rowFilter, &leftOut)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return created, Fatalf("publication %q does not include %s.%s; run: ALTER PUBLICATION %s ADD TABLE %s.%s;", pub, schema, table, pub, schema, table)
 	}
-	return created, nil
+	if err != nil {
+		return created, fmt.Errorf("check publication %q for %s.%s: %w", pub, schema, table, err)
+	}
+	var what string
+	switch {
+	case rowFilter != nil:
+		what = fmt.Sprintf("publishes %s.%s with a row filter (WHERE %s): PostgreSQL never sends the events it rejects", schema, table, *rowFilter)
+	case len(leftOut) > 0:
+		what = fmt.Sprintf("publishes %s.%s with a column list that leaves out %s: PostgreSQL sends its events without them", schema, table, strings.Join(leftOut, ", "))
+	default:
+		return created, nil
+	}
+	return created, Fatalf("publication %q %s, and the connector would confirm past them. "+
+		"Publish the whole table: ALTER PUBLICATION %s SET TABLE %s.%s; (SET TABLE replaces the publication's list of tables: if it publishes other tables too, list them after it, as they are). "+
+		"PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so events written before the fix stay filtered in the slot; they are still in the outbox table",
+		pub, what, pub, schema, table)
 }
 
 // CreateSlot creates the logical slot with pgoutput on the replication
