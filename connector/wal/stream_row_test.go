@@ -3,6 +3,7 @@ package wal
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,7 +22,8 @@ import (
 // too), where it came from (the insert's WAL position, the transaction's
 // commit LSN and time, the outbox table's name); and a copy, not a view of
 // the frame, which the connection reuses for the next read. The
-// transaction then acks at its commit end once the row is acked.
+// transaction then acks at its commit end once the row is acked, and the
+// newest WAL end the frames reported is kept for the status updates.
 func TestStreamRowIsTheInsert(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		out := make(chan Event, 1)
@@ -70,10 +72,17 @@ func TestStreamRowIsTheInsert(t *testing.T) {
 			xlog(insertAt, wire(byte(msgInsert), uint32(16390), byte('N'), tuple)),
 		}
 		ctx := context.Background()
+		var walEnd uint64
 		for _, f := range frames {
+			walEnd = max(walEnd, binary.BigEndian.Uint64(f[9:]))
 			if err := s.handleCopyData(ctx, f); err != nil {
 				t.Fatalf("frame %x: %v", f, err)
 			}
+		}
+		// The status updates' write position is the newest WAL end the
+		// frames reported.
+		if s.walEnd != walEnd {
+			t.Fatalf("WAL end seen = %d; the frames said up to %d", s.walEnd, walEnd)
 		}
 		var ev Event
 		select {
