@@ -52,8 +52,10 @@ func TestProgressCounts(t *testing.T) {
 }
 
 // TestResetDropped: Reset reports what it forgot that carried events (the
-// received position then, at least as far as any earlier Reset said), and
-// nothing when what it forgot carried none or nothing was open.
+// end of the last such transaction, at least as far as any earlier Reset
+// said; not the received position, which a transaction forgotten before
+// its commit, or the snapshot's, leaves where the next session starts),
+// and nothing when what it forgot carried none or nothing was open.
 func TestResetDropped(t *testing.T) {
 	t.Run("nothing open", func(t *testing.T) {
 		tr := New(100)
@@ -86,15 +88,15 @@ func TestResetDropped(t *testing.T) {
 		_ = open
 		tr.Reset()
 		p := tr.Positions()
-		if p.Dropped != 500 || p.Received != 200 || p.InFlight != 0 {
-			t.Fatalf("after Reset: %+v, want dropped 500, received 200, nothing in flight", p)
+		if p.Dropped != 400 || p.Received != 200 || p.InFlight != 0 || !p.Ended {
+			t.Fatalf("after Reset: %+v, want dropped 400 (the transaction's end, not the keepalive's), received 200, nothing in flight, ended", p)
 		}
 		// A second Reset with less received does not lower it.
 		tx = tr.Begin(300)
 		tx.Add()
 		tr.Reset()
-		if d := tr.Positions().Dropped; d != 500 {
-			t.Fatalf("dropped %d after a second Reset, want 500", d)
+		if d := tr.Positions().Dropped; d != 400 {
+			t.Fatalf("dropped %d after a second Reset, want 400", d)
 		}
 	})
 	t.Run("partly acked", func(t *testing.T) {
@@ -105,8 +107,36 @@ func TestResetDropped(t *testing.T) {
 		tx.Commit(200)
 		tx.Done()
 		tr.Reset()
-		if d := tr.Positions().Dropped; d != 200 {
-			t.Fatalf("dropped %d, want 200", d)
+		if p := tr.Positions(); p.Dropped != 200 || p.DroppedAcked != 1 {
+			t.Fatalf("after Reset: %+v, want dropped 200, one record of it acked", p)
+		}
+	})
+	t.Run("before its commit", func(t *testing.T) {
+		// Forgotten before its commit was read: received never moved,
+		// the transaction's final LSN (Begin's) is what is owed.
+		tr := New(100)
+		tx := tr.Begin(300)
+		tx.Add()
+		tx.Abandon()
+		tr.Reset()
+		if p := tr.Positions(); p.Dropped != 300 || p.Received != 100 {
+			t.Fatalf("after Reset: %+v, want dropped 300, received 100", p)
+		}
+	})
+	t.Run("snapshot", func(t *testing.T) {
+		// The snapshot's transaction begins and commits at the start.
+		tr := New(100)
+		tx := tr.Begin(100)
+		tx.Add()
+		tx.Add()
+		tx.Done()
+		if p := tr.Positions(); p.AckedOpen != 1 {
+			t.Fatalf("one record acked: %+v, want acked open 1", p)
+		}
+		tx.Abandon()
+		tr.Reset()
+		if p := tr.Positions(); p.Dropped != 100 || p.DroppedAcked != 1 || p.AckedOpen != 0 {
+			t.Fatalf("after Reset: %+v, want dropped 100, one of it acked, nothing open", p)
 		}
 	})
 }

@@ -19,6 +19,7 @@ type Txn struct {
 	t         *Tracker
 	end       LSN // commit end LSN; known at Begin for protocol v1 (final LSN) and fixed at Commit
 	pending   int
+	acks      int // records of it acked (or dead-lettered)
 	committed bool
 	abandoned bool
 	events    bool
@@ -43,11 +44,22 @@ type Tracker struct {
 	// it looks; reading it in Done, once per record, would double what
 	// Done costs.
 	progress uint64
-	// dropped is the received position when Reset forgot a transaction
-	// with events that was not acked (0: none): the next stream reads it
-	// again, and the work is owed until the acked position passes it.
+	// ackedOpen counts the records acked in transactions not yet fully
+	// acked: how far past acked the work has got.
+	ackedOpen int
+	// dropped is the end of the last transaction with events that Reset
+	// forgot unacked (0: none): the next stream reads it again, and the
+	// work is owed until that transaction is delivered or acked passes it.
+	// Its own end, not the received position: a transaction forgotten
+	// before its commit was read, or the snapshot's (which begins and
+	// commits at the slot's consistent point), leaves received where the
+	// next session's acked position starts.
 	dropped LSN
-	changed chan struct{}
+	// droppedAcked is ackedOpen when Reset last forgot such work: how far
+	// the session got into it.
+	droppedAcked int
+	ended        bool // Reset was called: the session it counted for ended
+	changed      chan struct{}
 }
 
 // New returns a tracker whose positions start at start (the slot's
@@ -96,6 +108,8 @@ func (tx *Txn) Done() {
 		t.mu.Unlock()
 		panic("tracker: Done called more often than Add")
 	}
+	tx.acks++
+	t.ackedOpen++
 	t.progress++
 	t.advanceLocked()
 	t.mu.Unlock()
@@ -120,16 +134,22 @@ func (tx *Txn) Abandon() {
 // confirmed position. received falls back to acked.
 func (t *Tracker) Reset() {
 	t.mu.Lock()
+	forgot := false
 	for _, tx := range t.queue[t.head:] {
 		if tx.events {
-			t.dropped = max(t.dropped, t.received)
-			break
+			t.dropped = max(t.dropped, tx.end)
+			forgot = true
 		}
+	}
+	if forgot {
+		t.droppedAcked = t.ackedOpen
 	}
 	clear(t.queue)
 	t.queue = t.queue[:0]
 	t.head = 0
 	t.inFlight = 0
+	t.ackedOpen = 0
+	t.ended = true
 	t.received = t.acked
 	t.mu.Unlock()
 	t.signal()
@@ -166,6 +186,7 @@ func (t *Tracker) advanceLocked() {
 		if tx.events && tx.end > t.lastEvent {
 			t.lastEvent = tx.end
 		}
+		t.ackedOpen -= tx.acks
 		t.queue[t.head] = nil
 		t.head++
 	}
@@ -212,17 +233,27 @@ type Positions struct {
 	// the acked position advanced): a stall is work owed (InFlight > 0, or
 	// Dropped) while Progress stays the same.
 	Progress uint64
-	// Dropped is the received position when Reset forgot transactions
-	// with events that were not acked (0: none): the stream ended owing
-	// them, and the next one reads them again.
+	// Dropped is the end of the last transaction with events that Reset
+	// forgot unacked (0: none): the stream ended owing it, and the next
+	// one reads it again. The snapshot's transaction ends where it
+	// begins, at the position the next session starts from.
 	Dropped LSN
+	// AckedOpen is how many records of transactions not yet fully acked
+	// are acked: with Acked, how far the work has got.
+	AckedOpen int
+	// DroppedAcked is AckedOpen when Reset last forgot work: how far into
+	// it the ended session got.
+	DroppedAcked int
+	// Ended: Reset was called, the session this tracker counted for ended.
+	Ended bool
 }
 
 // Positions returns the current positions.
 func (t *Tracker) Positions() Positions {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return Positions{Received: t.received, Acked: t.acked, LastEvent: t.lastEvent, InFlight: t.inFlight, OpenTxns: len(t.queue) - t.head, Progress: t.progress, Dropped: t.dropped}
+	return Positions{Received: t.received, Acked: t.acked, LastEvent: t.lastEvent, InFlight: t.inFlight, OpenTxns: len(t.queue) - t.head, Progress: t.progress, Dropped: t.dropped,
+		AckedOpen: t.ackedOpen, DroppedAcked: t.droppedAcked, Ended: t.ended}
 }
 
 // OldestOpen is when the oldest transaction not yet acked was read (zero

@@ -27,6 +27,7 @@ type modelTxn struct {
 	tx        *Txn
 	wal       int // index into trackerModel.wal
 	pending   int
+	acks      int // records of it acked
 	committed bool
 	abandoned bool
 	events    bool
@@ -56,7 +57,11 @@ type trackerModel struct {
 	lastEvent LSN
 	ackedSeen []LSN  // every value acked took, ascending: the positions a restart may start at
 	progress  uint64 // one for each record acked and each move of acked
-	dropped   LSN    // received when a restart forgot transactions with events
+	dropped   LSN    // the end of the last transaction with events a restart forgot
+	// droppedAcked: records acked of what the last restart that forgot
+	// events forgot.
+	droppedAcked int
+	restarted    bool
 
 	// What the last check saw.
 	prevAcked    LSN
@@ -139,6 +144,7 @@ func (m *trackerModel) done(i int) {
 	m.records = slices.Delete(m.records, i, i+1)
 	mt.tx.Done()
 	mt.pending--
+	mt.acks++
 	m.progress++
 	m.advance()
 }
@@ -209,6 +215,13 @@ func (m *trackerModel) check(t *rapid.T) {
 	}
 	if p.Dropped != m.dropped {
 		t.Fatalf("dropped = %d; the model says %d", p.Dropped, m.dropped)
+	}
+	ackedOpen := 0
+	for _, mt := range m.queue {
+		ackedOpen += mt.acks
+	}
+	if p.AckedOpen != ackedOpen || p.DroppedAcked != m.droppedAcked || p.Ended != m.restarted {
+		t.Fatalf("acked open %d, dropped acked %d, ended %v; the model says %d, %d, %v", p.AckedOpen, p.DroppedAcked, p.Ended, ackedOpen, m.droppedAcked, m.restarted)
 	}
 	if p.InFlight != len(m.records) {
 		t.Fatalf("in flight = %d; the model says %d", p.InFlight, len(m.records))
@@ -331,11 +344,23 @@ func (m *trackerModel) actions() map[string]func(*rapid.T) {
 				t.Skip("records still in flight")
 			}
 			m.tr.Reset()
+			m.restarted = true
+			forgot, acks := false, 0
 			for _, mt := range m.queue {
 				if mt.events {
-					m.dropped = max(m.dropped, m.received)
-					break
+					// The transaction's own end: its commit's once that
+					// was read, else its final LSN (Begin's).
+					end := m.wal[mt.wal].final
+					if mt.committed {
+						end = m.wal[mt.wal].end
+					}
+					m.dropped = max(m.dropped, end)
+					forgot = true
 				}
+				acks += mt.acks
+			}
+			if forgot {
+				m.droppedAcked = acks
 			}
 			var from []LSN
 			for _, v := range m.ackedSeen {
