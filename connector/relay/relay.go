@@ -179,8 +179,9 @@ func (r *Relay) Ready() (bool, string) {
 // dead-lettered, the acked position unmoved) for longer than the stall
 // timeout (see stallWatch). A large transaction whose records are being
 // acknowledged is not a stall, though its end LSN is acked only at the end;
-// nothing owed is never one, nor is anything on an instance without the
-// lease.
+// nothing owed on a streaming leader is never one, nor is anything on an
+// instance without the lease. Holding the lease with no session past setup
+// for that long is one.
 func (r *Relay) Stalled() (bool, string) { return r.stalledAt(time.Now()) }
 
 // LastError is the last transient error (for /readyz detail).
@@ -273,7 +274,7 @@ func (r *Relay) newKafkaClient(txnID string) (*kgo.Client, error) {
 		// WatchFailures: an idempotent producer halts at a refused batch,
 		// before franz-go fails its records (see publish/idem.go).
 		kgo.WithLogger(publish.WatchFailures(kafkaLogger{kslog.New(r.log.With("component", "kafka"))})),
-		kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry))))
+		kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry)), kafkaDialErrors{r}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, &wal.FatalError{Msg: "Kafka client settings (OUTBOX_KAFKA_*)", Err: err}

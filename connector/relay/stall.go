@@ -2,8 +2,12 @@ package relay
 
 import (
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/tracker"
@@ -13,7 +17,8 @@ import (
 // outbox_connector_stalled: how long work has been owed (events in flight,
 // or events a stream read and could not deliver before it ended) with no
 // progress (a record acknowledged or dead-lettered, the acked position
-// moving).
+// moving); and how long this instance has held the lease with no session
+// past setup.
 //
 // The tracker counts progress without reading the clock; the watch reads it
 // when it looks, and restarts the clock only when the count moved since its
@@ -25,11 +30,26 @@ import (
 //
 // The clock outlives a session. A session that reads events, fails to
 // deliver them and ends (a Kafka transaction that never commits, a record
-// that aborts every transaction) leaves its tracker Dropped; the next
-// session's tracker counts from zero, and until its acked position passes
-// what was dropped the work is still owed and the clock runs on, restarted
-// only by progress. Otherwise a reconnect loop, each session shorter than
-// the stall timeout, would never be a stall.
+// that aborts every transaction, a snapshot that fails at a row) leaves
+// its tracker Dropped; the next session's tracker counts from zero, and the
+// work is still owed (the debt) until that session delivers the dropped
+// transactions or its acked position passes them. Until then progress
+// counts only where the session gets further than any session of the debt
+// did: one that delivers again the records an earlier one delivered
+// (every session starts from the slot's confirmed position, and a snapshot
+// from its first row) is repeating, not progressing. Otherwise a reconnect
+// loop, each session shorter than the stall timeout, would never be a
+// stall. The price: a session that re-delivers, after a failure, more than
+// a stall timeout's worth of records (a large snapshot taken again) is
+// reported stalled until it passes the point the failed one reached.
+//
+// Setup is the time from taking the lease, or from a session's end, to
+// the next session storing its tracker: connecting, fencing the previous
+// leader at Kafka, freeing and checking the slot. No work is owed then,
+// but a leader that cannot get past it (Kafka unreachable, a slot check
+// failing at every try) renews its lease, so no standby takes over, and the
+// WAL grows. A snapshot in progress is past setup: its tracker counts the
+// rows it delivers.
 type stallWatch struct {
 	mu   sync.Mutex
 	tr   *tracker.Tracker // the tracker last looked at
@@ -37,11 +57,26 @@ type stallWatch struct {
 	// stale: tr belongs to a term this instance lost; what it dropped,
 	// another leader may have delivered since.
 	stale bool
-	// owedTo: an earlier session's tracker dropped work up to here, and
-	// the current one has not acked past it yet (0: nothing inherited).
-	owedTo tracker.LSN
-	owed   bool      // work was owed at the last look
-	at     time.Time // since when owed work made no progress
+	// debt: earlier sessions of this term dropped work up to owedTo that
+	// no session has delivered since; reached is the furthest any of them
+	// got.
+	debt    bool
+	owedTo  tracker.LSN
+	reached reach
+	owed    bool      // work was owed at the last look
+	at      time.Time // since when owed work made no progress
+	setup   time.Time // since when holding the lease with no session past setup (zero: not so at the last look)
+}
+
+// reach is how far a session got: its acked position, and records acked
+// past it.
+type reach struct {
+	acked tracker.LSN
+	more  int
+}
+
+func (a reach) beyond(b reach) bool {
+	return a.acked > b.acked || a.acked == b.acked && a.more > b.more
 }
 
 // stallState is one look's result.
@@ -49,45 +84,78 @@ type stallState struct {
 	inFlight int
 	owed     bool          // events in flight, or read and not yet delivered
 	waiting  time.Duration // owed with no progress for this long (0 when nothing is owed)
+	setup    time.Duration // holding the lease with no session past setup for this long
 }
 
 // look reads t (the current or last session's tracker; nil before the
 // first) at now. holding is false when this instance does not hold the
 // lease: then another instance owes the work, and nothing here is a stall.
-func (w *stallWatch) look(t *tracker.Tracker, holding bool, now time.Time) stallState {
+// streaming: a session is streaming the slot.
+func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, now time.Time) stallState {
 	// Positions is read under w.mu: two lookers (a scrape and a health
 	// check) must not apply their readings out of order, or an older count
 	// would look like progress.
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if t == nil || !holding {
-		w.tr, w.seen, w.stale, w.owedTo, w.owed = t, 0, true, 0, false
+	if !holding {
+		w.tr, w.seen, w.stale = t, 0, true
+		w.debt, w.owedTo, w.reached, w.owed, w.setup = false, 0, reach{}, false, time.Time{}
 		return stallState{}
 	}
 	if t != w.tr {
-		// A new session: its tracker counts from zero, and inherits what
-		// the last one dropped (and what that one still owed).
+		// A new session (or the first): its tracker counts from zero, and
+		// inherits what the last one dropped (and what that one still owed).
 		if w.tr != nil && !w.stale {
-			w.owedTo = max(w.owedTo, w.tr.Positions().Dropped)
+			if p := w.tr.Positions(); p.Dropped != 0 {
+				w.debt = true
+				w.owedTo = max(w.owedTo, p.Dropped)
+				if r := (reach{p.Acked, p.DroppedAcked}); r.beyond(w.reached) {
+					w.reached = r
+				}
+			}
 		}
-		w.tr, w.seen, w.stale = t, 0, false
+		w.tr, w.seen, w.stale = t, 0, t == nil
 	}
-	p := t.Positions()
+	var s stallState
+	var p tracker.Positions
+	if t != nil {
+		p = t.Positions()
+	}
+	// Past setup: a session's tracker is there and its session has not
+	// ended. Not an old term's tracker.
+	if streaming || t != nil && !w.stale && !p.Ended {
+		w.setup = time.Time{}
+	} else {
+		if w.setup.IsZero() {
+			w.setup = now
+		}
+		s.setup = now.Sub(w.setup)
+	}
+	if t == nil || w.stale {
+		w.owed = false
+		return s
+	}
 	progressed := p.Progress != w.seen
 	w.seen = p.Progress
-	if w.owedTo != 0 && p.Acked >= w.owedTo {
-		w.owedTo = 0
+	if w.debt {
+		if p.Acked > w.owedTo || p.LastEvent >= w.owedTo {
+			// Delivered (a transaction with events acked at or past what
+			// was dropped), or passed by a keepalive (it aborted).
+			w.debt, w.owedTo, w.reached = false, 0, reach{}
+			progressed = true
+		} else if !(reach{p.Acked, p.AckedOpen}).beyond(w.reached) {
+			progressed = false // delivering again what an earlier session did
+		}
 	}
-	dropped := p.Dropped != 0 && !w.stale
-	owed := p.InFlight > 0 || dropped || w.owedTo != 0
+	owed := p.InFlight > 0 || p.Dropped != 0 || w.debt
 	if progressed || owed && !w.owed {
 		w.at = now
 	}
 	w.owed = owed
-	if !owed {
-		return stallState{}
+	if owed {
+		s.inFlight, s.owed, s.waiting = p.InFlight, true, now.Sub(w.at)
 	}
-	return stallState{inFlight: p.InFlight, owed: true, waiting: now.Sub(w.at)}
+	return s
 }
 
 // holding reports whether this instance holds the lease (a leader, or a
@@ -98,33 +166,60 @@ func (r *Relay) holding() bool {
 }
 
 func (r *Relay) lookStall(now time.Time) stallState {
-	return r.stall.look(r.cur.Load(), r.holding(), now)
+	return r.stall.look(r.cur.Load(), r.holding(), r.streaming.Load(), now)
 }
 
 func (r *Relay) stalledAt(now time.Time) (bool, string) {
 	return stalled(r.lookStall(now), r.cfg.StallTimeout, r.LastError)
 }
 
-// stalled decides a look: owed work waiting longer than timeout, and why
-// (lastErr is asked only then).
+// stalled decides a look: owed work waiting longer than timeout, or the
+// lease held with no session past setup for longer, and why (lastErr is
+// asked only then).
 func stalled(s stallState, timeout time.Duration, lastErr func() string) (bool, string) {
-	if !s.owed || s.waiting <= timeout {
-		return false, ""
+	if s.owed && s.waiting > timeout {
+		return true, owedReason(s, timeout, lastErr)
 	}
+	if s.setup > timeout {
+		why := fmt.Sprintf("this instance holds the leader lease (so no standby takes over) but no session got past setup (PostgreSQL and the slot, fencing the previous leader at Kafka) for %s (OUTBOX_STALL_TIMEOUT %s)", s.setup.Round(time.Second), timeout)
+		if e := lastErr(); e != "" {
+			why += "; last error: " + e
+		} else {
+			why += "; no error yet"
+		}
+		return true, why
+	}
+	return false, ""
+}
+
+func owedReason(s stallState, timeout time.Duration, lastErr func() string) string {
 	if s.inFlight > 0 {
-		return true, fmt.Sprintf("%d events in flight and none acknowledged or dead-lettered for %s (OUTBOX_STALL_TIMEOUT %s)", s.inFlight, s.waiting.Round(time.Second), timeout)
+		return fmt.Sprintf("%d events in flight and none acknowledged or dead-lettered for %s (OUTBOX_STALL_TIMEOUT %s)", s.inFlight, s.waiting.Round(time.Second), timeout)
 	}
 	why := fmt.Sprintf("events read before the stream restarted are not delivered, and none was acknowledged or dead-lettered for %s (OUTBOX_STALL_TIMEOUT %s)", s.waiting.Round(time.Second), timeout)
 	if e := lastErr(); e != "" {
 		why += "; last error: " + e
 	}
-	return true, why
+	return why
+}
+
+// kafkaDialErrors keeps a failed connection to a Kafka broker as the last
+// error. A session waiting for an unreachable broker (InitProducerID waits
+// as long as its context) returns no error of its own, and the stall it
+// causes must say why.
+type kafkaDialErrors struct{ r *Relay }
+
+func (h kafkaDialErrors) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil {
+		msg := fmt.Sprintf("connect to Kafka broker %s: %v", net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port))), err)
+		h.r.lastErr.Store(&msg)
+	}
 }
 
 // stallMetrics registers the stall as metrics, computed at scrape time like
 // /healthz.
 func (r *Relay) stallMetrics(m *metrics.Metrics) {
-	m.GaugeFunc("outbox_connector_stalled", "1 while events are owed (in flight, or read by a stream that ended before delivering them) and none was acknowledged or dead-lettered for longer than OUTBOX_STALL_TIMEOUT; /healthz fails then. 0 otherwise.", func() float64 {
+	m.GaugeFunc("outbox_connector_stalled", "1 while events are owed (in flight, or read by a stream that ended before delivering them) and none was acknowledged or dead-lettered for longer than OUTBOX_STALL_TIMEOUT, or while this instance has held the lease for longer with no session past setup; /healthz fails then. 0 otherwise.", func() float64 {
 		if stalled, _ := r.stalledAt(time.Now()); stalled {
 			return 1
 		}

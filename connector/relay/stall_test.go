@@ -13,21 +13,22 @@ const testStallTimeout = time.Minute
 // watchClock drives a stallWatch with a fake clock: each look is one tick
 // of the state writer (or one health check).
 type watchClock struct {
-	t       testing.TB
-	w       stallWatch
-	now     time.Time
-	holding bool
+	t         testing.TB
+	w         stallWatch
+	now       time.Time
+	holding   bool
+	streaming bool // a session is streaming (past setup and the snapshot)
 }
 
 func newWatchClock(t testing.TB) *watchClock {
-	return &watchClock{t: t, now: time.Unix(1_000_000, 0), holding: true}
+	return &watchClock{t: t, now: time.Unix(1_000_000, 0), holding: true, streaming: true}
 }
 
 // tick advances the clock by d and looks at tr.
 func (c *watchClock) tick(tr *tracker.Tracker, d time.Duration) stallState {
 	c.t.Helper()
 	c.now = c.now.Add(d)
-	return c.w.look(tr, c.holding, c.now)
+	return c.w.look(tr, c.holding, c.streaming, c.now)
 }
 
 // idleFor looks at tr every second for d, with nothing happening, and
@@ -242,4 +243,197 @@ func TestStallWatchSnapshot(t *testing.T) {
 			t.Fatalf("look %d, 30 s apart, records acked in between: %+v", i, s)
 		}
 	}
+}
+
+// TestStallWatchSnapshotLoop (issue 13, review finding 6): the initial
+// snapshot fails in a loop, every 20 s (a row that fails every time, a
+// backoff). Its transaction begins and commits at the slot's consistent
+// point, which is also where every session's tracker starts, so its acked
+// position is already at what the last session dropped before it reads
+// anything; and each session delivers the rows before the failing one
+// again. Neither is progress: with looks between sessions and one between
+// a session's start and its first row, it is a stall after the timeout,
+// and stays one. A session that gets further than any before restarts the
+// clock; one that delivers the whole snapshot ends the debt.
+func TestStallWatchSnapshotLoop(t *testing.T) {
+	const start = 5000
+	c := newWatchClock(t)
+	// session takes the snapshot; the first delivered rows are acked,
+	// then it fails, its rows not yet acked are withdrawn, and the next
+	// session starts 20 s after this one did.
+	session := func(delivered, failed int, complete bool) stallState {
+		tr := tracker.New(start)
+		c.streaming = false // no state writer, no stream during a snapshot
+		// A look between the session storing its tracker and its first
+		// row: nothing of the new session is owed yet.
+		c.tick(tr, 100*time.Millisecond)
+		tx := tr.Begin(start)
+		for range delivered + failed {
+			tx.Add()
+		}
+		c.tick(tr, time.Second)
+		for range delivered {
+			tx.Done()
+		}
+		if complete {
+			tx.Commit(start)
+			c.streaming = true
+			return c.tick(tr, time.Second)
+		}
+		for range failed {
+			tx.Abandon()
+		}
+		s := c.tick(tr, time.Second)
+		tr.Reset()
+		for range 17 { // the reconnect backoff, looked at every second
+			s = c.tick(tr, time.Second)
+		}
+		c.tick(tr, 900*time.Millisecond)
+		return s
+	}
+	elapsed := time.Duration(0)
+	for elapsed < 5*testStallTimeout {
+		s := session(1, 1, false)
+		elapsed += 20 * time.Second
+		st, why := stalled(s, testStallTimeout, func() string { return "snapshot row: injected" })
+		if elapsed > testStallTimeout+20*time.Second && !st {
+			t.Fatalf("after %s of snapshots that each fail after delivering the same first row again: %+v, want stalled", elapsed, s)
+		}
+		if st && !strings.Contains(why, "injected") {
+			t.Fatalf("stalled without the last error: %q", why)
+		}
+	}
+	// Further than any session before: one more row delivered.
+	if s := session(2, 1, false); s.waiting > 20*time.Second {
+		t.Fatalf("a session delivered more of the snapshot than any before: %+v, want the clock restarted", s)
+	}
+	if s := session(2, 1, false); s.waiting < 20*time.Second {
+		t.Fatalf("the next session delivered no more than that one: %+v, want the clock running on", s)
+	}
+	if s := session(3, 0, true); s.owed || isStalled(s) {
+		t.Fatalf("a session delivered the whole snapshot: %+v, want nothing owed", s)
+	}
+	if s := c.idleFor(tracker.New(start), 2*testStallTimeout); s.owed {
+		t.Fatalf("the snapshot was delivered; later sessions idle: %+v, want nothing owed", s)
+	}
+}
+
+// TestStallWatchUncommittedDrop (finding 6): a transaction dropped before
+// its commit was read (blocked in the hand-over to a producer that
+// acknowledges nothing) leaves received where it began; the debt is the
+// transaction's own end (Begin's final LSN), so the next session, whose
+// acked position starts at received, still owes it until it delivers it.
+func TestStallWatchUncommittedDrop(t *testing.T) {
+	c := newWatchClock(t)
+	var last *tracker.Tracker
+	for elapsed := time.Duration(0); elapsed <= testStallTimeout+20*time.Second; elapsed += 10 * time.Second {
+		tr := tracker.New(100)
+		c.tick(tr, 100*time.Millisecond) // before the first record
+		tx := tr.Begin(200)
+		tx.Add()
+		tx.Add()
+		c.idleFor(tr, 5*time.Second)
+		tx.Abandon()
+		tx.Abandon()
+		tr.Reset()
+		c.idleFor(tr, 4900*time.Millisecond)
+		last = tr
+	}
+	if s := c.tick(last, time.Second); !isStalled(s) {
+		t.Fatalf("sessions that each drop the same uncommitted transaction for %s: %+v, want stalled", testStallTimeout+20*time.Second, s)
+	}
+	// Delivered at last: acked passes its commit.
+	tr := tracker.New(100)
+	tx := tr.Begin(200)
+	tx.Add()
+	tx.Commit(210)
+	tx.Done()
+	if s := c.tick(tr, time.Second); s.owed || isStalled(s) {
+		t.Fatalf("the dropped transaction was delivered: %+v, want nothing owed", s)
+	}
+}
+
+// TestStallWatchSetup (finding 7): an instance that holds the lease and
+// has no session past setup (it cannot reach Kafka to fence the previous
+// leader, or PostgreSQL, or a slot check fails again and again) is a stall
+// after the timeout: no standby takes over while the lease is renewed,
+// and the WAL grows. A streaming leader with nothing to do is not one, nor
+// is a standby, nor a snapshot in progress (its tracker exists and counts
+// progress), nor the wait for a snapshot's first row.
+func TestStallWatchSetup(t *testing.T) {
+	lastErr := func() string {
+		return "initialise the Kafka transactional producer: dial tcp 127.0.0.1:1: connect: connection refused"
+	}
+	t.Run("first session never gets past setup", func(t *testing.T) {
+		c := newWatchClock(t)
+		c.streaming = false
+		if s := c.idleFor(nil, testStallTimeout); isStalled(s) {
+			t.Fatalf("setting up for %s: stalled already (%+v)", testStallTimeout, s)
+		}
+		s := c.idleFor(nil, 2*time.Second)
+		st, why := stalled(s, testStallTimeout, lastErr)
+		if !st || !strings.Contains(why, "Kafka") || !strings.Contains(why, "lease") {
+			t.Fatalf("holding the lease, no session past setup for %s: %v %q, want stalled naming the lease and the last error", testStallTimeout+2*time.Second, st, why)
+		}
+		// It streams at last: not stalled.
+		c.streaming = true
+		tr := tracker.New(100)
+		if s := c.tick(tr, time.Second); isStalled(s) {
+			t.Fatalf("streaming: %+v, want not stalled", s)
+		}
+		// A healthy idle leader: nothing written for twice the timeout.
+		if s := c.idleFor(tr, 2*testStallTimeout); s.owed || isStalled(s) {
+			t.Fatalf("an idle streaming leader: %+v, want not stalled", s)
+		}
+		// The session ends with nothing owed; the next cannot get past
+		// setup.
+		c.streaming = false
+		tr.Reset()
+		if s := c.idleFor(tr, 30*time.Second); isStalled(s) {
+			t.Fatalf("a reconnect backoff of 30 s: %+v, want not stalled", s)
+		}
+		if s := c.idleFor(tr, testStallTimeout-28*time.Second); !isStalled(s) {
+			t.Fatalf("the session ended, the next stuck in setup for %s: %+v, want stalled", testStallTimeout+2*time.Second, s)
+		}
+	})
+	t.Run("standby", func(t *testing.T) {
+		c := newWatchClock(t)
+		c.streaming, c.holding = false, false
+		if s := c.idleFor(nil, 2*testStallTimeout); isStalled(s) {
+			t.Fatalf("a standby for %s: %+v, want not stalled", 2*testStallTimeout, s)
+		}
+	})
+	t.Run("snapshot in progress", func(t *testing.T) {
+		c := newWatchClock(t)
+		c.streaming = false
+		tr := tracker.New(100)
+		tx := tr.Begin(100)
+		// The snapshot's query sorts the table before its first row.
+		if s := c.idleFor(tr, 2*testStallTimeout); isStalled(s) {
+			t.Fatalf("a snapshot waiting for its first row: %+v, want not stalled", s)
+		}
+		for i := range 40 {
+			for range 5 {
+				tx.Add()
+			}
+			for range 5 {
+				tx.Done()
+			}
+			if s := c.tick(tr, 15*time.Second); isStalled(s) {
+				t.Fatalf("a snapshot delivering rows, look %d: %+v, want not stalled", i, s)
+			}
+		}
+	})
+	t.Run("a new term with the old term's tracker", func(t *testing.T) {
+		c := newWatchClock(t)
+		tr := tracker.New(100)
+		c.tick(tr, time.Second)
+		c.holding, c.streaming = false, false
+		tr.Reset()
+		c.idleFor(tr, 2*testStallTimeout)
+		c.holding = true // the lease again; the new session cannot set up
+		if s := c.idleFor(tr, testStallTimeout+2*time.Second); !isStalled(s) {
+			t.Fatalf("leading again, no session past setup for %s: %+v, want stalled", testStallTimeout+2*time.Second, s)
+		}
+	})
 }
