@@ -101,7 +101,9 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 		}
 	}
 	if err := rows.Err(); err != nil {
-		txn.Abandon()
+		// Every row counted is handed over by now, and the transaction is
+		// never committed in the tracker, so nothing of it is ever acked
+		// (withdrawing a row here would count one Done too many).
 		return fmt.Errorf("read the initial snapshot of %s.%s: %w", r.schema, r.table, err)
 	}
 	txn.Commit(at)

@@ -159,13 +159,9 @@ func (t *Tracker) Reset() {
 func (tx *Txn) Commit(end LSN) {
 	t := tx.t
 	t.mu.Lock()
-	if end > tx.end {
-		tx.end = end
-	}
+	tx.end = max(tx.end, end)
 	tx.committed = true
-	if tx.end > t.received {
-		t.received = tx.end
-	}
+	t.received = max(t.received, tx.end)
 	t.advanceLocked()
 	t.mu.Unlock()
 	t.signal()
@@ -183,8 +179,8 @@ func (t *Tracker) advanceLocked() {
 			t.acked = tx.end
 			t.progress++
 		}
-		if tx.events && tx.end > t.lastEvent {
-			t.lastEvent = tx.end
+		if tx.events {
+			t.lastEvent = max(t.lastEvent, tx.end)
 		}
 		t.ackedOpen -= tx.acks
 		t.queue[t.head] = nil
@@ -209,9 +205,7 @@ func (t *Tracker) advanceLocked() {
 // stream, in stream order.
 func (t *Tracker) ServerWALEnd(walEnd LSN) {
 	t.mu.Lock()
-	if walEnd > t.received {
-		t.received = walEnd
-	}
+	t.received = max(t.received, walEnd)
 	if t.head == len(t.queue) && walEnd > t.acked {
 		t.acked = walEnd
 		t.progress++
