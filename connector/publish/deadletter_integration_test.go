@@ -128,8 +128,8 @@ func TestDeadLetterTableIDs(t *testing.T) {
 // dead-lettered.
 func TestPoisonedSnapshotRowAlone(t *testing.T) {
 	pool := deadLetterPool(t)
-	c, brokers := fakeKafka(t, kfake.NumBrokers(1))
 	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, "outbox.event.snap"+suffix))
 	aggType, dlq := "snap"+suffix, "dlq"+suffix
 	topic := "outbox.event." + aggType
 	rcfg := route.DefaultConfig()
@@ -146,7 +146,7 @@ func TestPoisonedSnapshotRowAlone(t *testing.T) {
 		}
 	}
 	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.InvalidRecord, Count: -1,
-		When: func(req kmsg.Request) bool { return produceHas(req, `"mark": "row-2"`) }})
+		When: batchHolds(t, brokers, topic, `"mark": "row-2"`)})
 	l.add(1000, rows...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -159,8 +159,14 @@ func TestPoisonedSnapshotRowAlone(t *testing.T) {
 	for _, s := range deadLetters(t, pool) {
 		stored = append(stored, strings.Fields(s)[0])
 	}
+	n, err := testenv.CommittedRecords(ctx, brokers, dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
 	dc := testenv.StartConsumer(t, brokers, dlq)
-	time.Sleep(500 * time.Millisecond)
+	for dc.Count() < int(n) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
 	for _, r := range dc.Records() {
 		stored = append(stored, testenv.Header(r, "id"))
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,27 +30,31 @@ func relayRetryBackoff(fails int) time.Duration {
 	return d - time.Duration(rand.Int64N(int64(d)/5))
 }
 
+// faultAt places the bad event of a fault test: the row at in the WAL
+// transaction tx (0 to 5), at 0 to 2.
+type faultAt struct{ tx, at int }
+
 // faultEvents are the events of one fault test: 6 WAL transactions of 4
-// rows over 4 aggregates, the bad one (its payload carries mark) second in
-// the fourth transaction, followed by a large one of the same aggregate
-// (over half of OUTBOX_KAFKA_MAX_MESSAGE_BYTES) that Kafka fails with it.
-func faultEvents(l *line, aggType, mark string) (good []testenv.Event, bad testenv.Event) {
+// rows over 4 aggregates, the bad one (its payload carries mark) where f
+// says, followed by a large one of the same aggregate (over half of
+// OUTBOX_KAFKA_MAX_MESSAGE_BYTES) that Kafka fails with it.
+func faultEvents(l *line, aggType, mark string, f faultAt) (good []testenv.Event, bad testenv.Event) {
 	seq := map[string]int{}
 	lsn := uint64(1000)
 	for tx := range 6 {
 		var rows []*route.Row
 		for i := range 4 {
 			agg := fmt.Sprintf("k%d", (tx+i)%4)
-			if tx == 3 && i == 2 {
-				agg = fmt.Sprintf("k%d", (tx+1)%4) // the bad event's aggregate
+			if tx == f.tx && i == f.at+1 {
+				agg = fmt.Sprintf("k%d", (tx+f.at)%4) // the bad event's aggregate
 			}
 			seq[agg]++
 			ev := testenv.Event{ID: fmt.Sprintf("%s-%d-%d", aggType, tx, i), AggType: aggType, AggID: agg, Seq: seq[agg]}
 			switch {
-			case tx == 3 && i == 1:
+			case tx == f.tx && i == f.at:
 				ev.Payload = fmt.Sprintf(`{"seq": %d, "mark": "%s"}`, ev.Seq, mark)
 				bad = ev
-			case tx == 3 && i == 2:
+			case tx == f.tx && i == f.at+1:
 				ev.Payload = fmt.Sprintf(`{"seq": %d, "pad": "%s"}`, ev.Seq, strings.Repeat("p", 600<<10))
 				good = append(good, ev)
 			default:
@@ -80,8 +86,15 @@ func faultEvents(l *line, aggType, mark string) (good []testenv.Event, bad teste
 //     published;
 //   - the deployment's (TOPIC_AUTHORIZATION_FAILED): a fatal stop, nothing
 //     dead-lettered and nothing confirmed past it.
+//
+// make test runs each case once, the bad event in the fourth transaction;
+// make soak (OUTBOX_SOAK=1) 20 times, wherever it falls.
 func TestBrokerFaultMatrix(t *testing.T) {
 	pool := deadLetterPool(t)
+	rounds := 1
+	if os.Getenv("OUTBOX_SOAK") == "1" {
+		rounds = 20
+	}
 	for _, mode := range []string{"transactional", "idempotent"} {
 		for _, tc := range []struct {
 			err  *kerr.Error
@@ -96,16 +109,25 @@ func TestBrokerFaultMatrix(t *testing.T) {
 			{kerr.TopicAuthorizationFailed, "fatal"},
 		} {
 			t.Run(mode+"/"+tc.err.Message, func(t *testing.T) {
-				if _, err := pool.Exec(context.Background(), `DELETE FROM public.outbox_dead_letter`); err != nil {
-					t.Fatal(err)
+				for round := range rounds {
+					f := faultAt{3, 1}
+					if round > 0 {
+						f = faultAt{rand.IntN(6), rand.IntN(3)}
+					}
+					if _, err := pool.Exec(context.Background(), `DELETE FROM public.outbox_dead_letter`); err != nil {
+						t.Fatal(err)
+					}
+					brokerFault(t, pool, mode == "transactional", tc.err, tc.kind, f)
+					if t.Failed() {
+						t.Fatalf("round %d, bad event at %+v", round, f)
+					}
 				}
-				brokerFault(t, pool, mode == "transactional", tc.err, tc.kind)
 			})
 		}
 	}
 }
 
-func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *kerr.Error, kind string) {
+func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *kerr.Error, kind string, f faultAt) {
 	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
 	aggType, dlq := "fault"+suffix, "dlq"+suffix
 	topic := "outbox.event." + aggType
@@ -116,9 +138,9 @@ func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *ker
 		l.opts = append(l.opts, kgo.RetryBackoffFn(relayRetryBackoff))
 	}
 	mark := "bad-" + suffix
-	good, bad := faultEvents(l, aggType, mark)
+	good, bad := faultEvents(l, aggType, mark, f)
 	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: ferr, Count: -1,
-		When: func(req kmsg.Request) bool { return produceHas(req, mark) }})
+		When: batchHolds(t, brokers, topic, mark)})
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 
@@ -128,8 +150,8 @@ func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *ker
 		if !wal.IsFatal(err) {
 			t.Fatalf("session ended with %v; want a fatal error", err)
 		}
-		if l.confirmed >= l.txns[3].end {
-			t.Errorf("confirmed %d, at or past the refused record's transaction (%d)", l.confirmed, l.txns[3].end)
+		if l.confirmed >= l.txns[f.tx].end {
+			t.Errorf("confirmed %d, at or past the refused record's transaction (%d)", l.confirmed, l.txns[f.tx].end)
 		}
 		t.Logf("stopped: %v", err)
 		assertDeadLetters(t, pool, brokers, dlq, nil, "")
@@ -170,9 +192,10 @@ func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *ker
 		l.run(ctx, 10)
 		assertDeadLetters(t, pool, brokers, dlq, &bad, ferr.Message)
 		verdict := func(v string) float64 {
-			return metricValue(t, l.m.Registry, "outbox_connector_kafka_refused_records_total", map[string]string{"topic": topic, "verdict": v})
+			return max(0, metricValue(t, l.m.Registry, "outbox_connector_kafka_refused_records_total", map[string]string{"topic": topic, "verdict": v}))
 		}
-		if g, i, s := verdict("guilty"), verdict("innocent"), verdict("suspect"); g != 1 || i < 1 || s != g+i {
+		// Its batch may have held it alone (the first record, say).
+		if g, i, s := verdict("guilty"), verdict("innocent"), verdict("suspect"); g != 1 || s != g+i {
 			t.Errorf("refused records: %v suspects, %v innocent, %v guilty; want 1 guilty, the rest of its batch innocent", s, i, g)
 		} else {
 			t.Logf("refused records: %v suspects, %v innocent, %v guilty", s, i, g)
@@ -209,8 +232,17 @@ func assertDeadLetters(t *testing.T, pool *pgxpool.Pool, brokers, dlq string, ba
 		}
 	}
 	rows.Close()
+	// Everything committed to the DLQ topic by now, read whole.
+	n, err := testenv.CommittedRecords(context.Background(), brokers, dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
 	dc := testenv.StartConsumer(t, brokers, dlq)
-	time.Sleep(300 * time.Millisecond)
+	for deadline := time.Now().Add(20 * time.Second); dc.Count() < int(n); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("read %d of the %d records of %s within 20s", dc.Count(), n, dlq)
+		}
+	}
 	for _, r := range dc.Records() {
 		id := testenv.Header(r, "id")
 		got = append(got, id)
@@ -227,8 +259,13 @@ func assertDeadLetters(t *testing.T, pool *pgxpool.Pool, brokers, dlq string, ba
 	if bad != nil {
 		want = []string{bad.ID}
 	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	// A dead letter may be stored twice (a session that stops after it and
+	// before its position is confirmed): at least once, like any event.
+	distinct := slices.Compact(slices.Sorted(slices.Values(got)))
+	if fmt.Sprint(distinct) != fmt.Sprint(want) {
 		t.Errorf("dead letters %v; want %v", got, want)
+	} else if len(got) > len(distinct) {
+		t.Logf("dead letters %v: stored more than once", got)
 	}
 }
 
@@ -265,7 +302,7 @@ func TestIdempotentPlacementKept(t *testing.T) {
 		l.add(uint64(105+10*i), row)
 	}
 	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.InvalidRecord,
-		When: func(req kmsg.Request) bool { return produceHas(req, mark) }})
+		When: batchHolds(t, brokers, topic, mark)})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l.run(ctx, 5)
@@ -307,14 +344,7 @@ func TestIdempotentOrderAcrossFailure(t *testing.T) {
 		l.add(uint64(105+10*i), eventRow("id", ev.ID, aggType, "a", ev.Payload, uint64(100+10*i), uint64(105+10*i)))
 	}
 	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.PolicyViolation, Count: -1,
-		When: func(req kmsg.Request) bool {
-			for _, mark := range marks {
-				if produceHas(req, mark) {
-					return true
-				}
-			}
-			return false
-		}})
+		When: batchHolds(t, brokers, topic, marks...)})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l.run(ctx, 10)
@@ -385,9 +415,10 @@ func idempotentWindow(t *testing.T, watched bool) {
 		l.add(uint64(105+10*i), eventRow("id", ev.ID, aggType, "a", ev.Payload, uint64(100+10*i), uint64(105+10*i)))
 	}
 	used := false // the mark fails the first request holding it, once
+	holds := batchHolds(t, brokers, topic, mark)
 	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.PolicyViolation, Count: -1,
 		When: func(req kmsg.Request) bool {
-			if !used && produceHas(req, mark) {
+			if !used && holds(req) {
 				used = true
 				return true
 			}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -198,21 +199,47 @@ func fakeKafka(t testing.TB, opts ...kfake.Opt) (*kfake.Cluster, string) {
 	return c, strings.Join(c.ListenAddrs(), ",")
 }
 
-// produceHas reports whether a produce request carries a record batch
-// holding marker (the records are sent uncompressed by the tests).
-func produceHas(req kmsg.Request, marker string) bool {
-	pr, ok := req.(*kmsg.ProduceRequest)
-	if !ok {
-		return false
+// batchHolds returns a fault filter: whether a produce request carries,
+// for topic (which must exist), a record batch holding marker (the records
+// are sent uncompressed by the tests). Only the topic's batches count: a
+// request also carrying the marker for another topic (a dead letter of the
+// marked event) is not the topic's refusal.
+func batchHolds(t testing.TB, brokers, topic string, markers ...string) func(kmsg.Request) bool {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, t := range pr.Topics {
-		for _, p := range t.Partitions {
-			if bytes.Contains(p.Records, []byte(marker)) {
-				return true
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err == nil {
+		err = details[topic].Err
+	}
+	if err != nil {
+		t.Fatalf("look up topic %s: %v", topic, err)
+	}
+	id := details[topic].ID
+	return func(req kmsg.Request) bool {
+		pr, ok := req.(*kmsg.ProduceRequest)
+		if !ok {
+			return false
+		}
+		for _, pt := range pr.Topics {
+			if pt.Topic != topic && pt.TopicID != id {
+				continue
+			}
+			for _, p := range pt.Partitions {
+				for _, m := range markers {
+					if bytes.Contains(p.Records, []byte(m)) {
+						return true
+					}
+				}
 			}
 		}
+		return false
 	}
-	return false
 }
 
 // eventRow is an outbox row whose event id is in the column idCol.

@@ -1,7 +1,10 @@
 // Package publish produces routed outbox events to Kafka with franz-go and
-// keeps poison events whole: unroutable ones in the DLQ topic, ones too large
-// for Kafka in the outbox_dead_letter table. A record is done for the tracker
-// only once Kafka acked it or it was durably dead-lettered.
+// keeps poison events whole: unroutable ones, and ones Kafka refuses for
+// their own account (found by producing the suspects of a refused batch
+// alone, see poison.go), in the DLQ topic; ones too large for Kafka in the
+// outbox_dead_letter table. A record is done for the tracker only once
+// Kafka acked it or it was durably dead-lettered. Transactional mode is in
+// txn.go, idempotent mode in idem.go.
 package publish
 
 import (
