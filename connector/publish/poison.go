@@ -185,6 +185,9 @@ var producerState = map[int16]bool{
 	kerr.UnsupportedVersion.Code:           true,
 	kerr.UnsupportedForMessageFormat.Code:  true,
 	kerr.InvalidRequiredAcks.Code:          true,
+	// Not flagged retriable, but franz-go retries it (KIP-890): the
+	// previous transaction's markers are still being written.
+	kerr.ConcurrentTransactions.Code: true,
 }
 
 // classify decides what a record's produce error means. Kafka's own
