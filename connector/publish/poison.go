@@ -109,17 +109,23 @@ func (ps *Poison) lookup(topic string, id rowID) (verdict, bool) {
 }
 
 // rowID identifies an outbox row across sessions: its place in the WAL
-// (its transaction's commit LSN, its own LSN, and its ordinal among the
-// events at that position: the rows of a snapshot all have LSN 0 and the
-// snapshot's LSN as commit LSN, the rows of one multi-insert (COPY) share
-// an LSN) and a hash of its event id (the column table.field.event.id
-// names). Reading the WAL again gives the same events in the same order,
-// and a snapshot is read in a fixed order, so a row has the same rowID in
-// every session; two rows never share one.
+// (its transaction's commit LSN and its own LSN; the rows of a snapshot
+// all have LSN 0 and the snapshot's LSN as commit LSN, the rows of one
+// multi-insert (COPY) share an LSN) and a hash of its event id (the column
+// table.field.event.id names), or, for a row without one, of all its
+// columns, and then its ordinal among the events at its position too.
+//
+// The event id, not the ordinal, tells apart the rows of one position in
+// a poison key (poisonKey): a snapshot taken again after a failure reads
+// the table as it is then, where rows before this one may be gone. The
+// ordinal is what a row without an event id has; the WAL gives the same
+// events in the same order when read again, and so does a snapshot of an
+// unchanged table.
 type rowID struct {
 	commit, lsn uint64
 	ord         uint32
-	id          uint64
+	id          uint64 // FNV-1a of the event id, or of every column
+	byID        bool   // id hashes an event id
 }
 
 // identify returns the rowID of the next event, row. It must see every
@@ -137,21 +143,41 @@ func (p *Producer) identify(row *route.Row) rowID {
 	id := p.at
 	// FNV-1a, inline: no allocation per record.
 	h := uint64(14695981039346656037)
-	if c := row.Lookup(p.idField); c != nil && !c.Null {
-		for _, b := range c.Value {
-			h ^= uint64(b)
+	add := func(b []byte) {
+		for _, c := range b {
+			h ^= uint64(c)
 			h *= 1099511628211
+		}
+	}
+	if c := row.Lookup(p.idField); c != nil && !c.Null {
+		add(c.Value)
+		id.byID = true
+	} else {
+		for i := range row.Columns {
+			c := &row.Columns[i]
+			add([]byte(c.Name))
+			if c.Null {
+				add([]byte{0})
+			} else {
+				add([]byte{1})
+				add(c.Value)
+			}
 		}
 	}
 	id.id = h
 	return id
 }
 
-// poisonKey identifies a record across sessions: its topic and its row.
+// poisonKey identifies a record across sessions: its topic and its row
+// (the ordinal only for a row without an event id: see rowID).
 func poisonKey(topic string, id rowID) string {
+	ord := uint64(id.ord)
+	if id.byID {
+		ord = 0
+	}
 	b := make([]byte, 0, len(topic)+64)
 	b = append(b, topic...)
-	for _, v := range [...]uint64{id.commit, id.lsn, uint64(id.ord), id.id} {
+	for _, v := range [...]uint64{id.commit, id.lsn, ord, id.id} {
 		b = append(b, 0)
 		b = strconv.AppendUint(b, v, 16)
 	}
