@@ -42,6 +42,10 @@ import (
 type verdict struct {
 	err    error // why Kafka refused it
 	guilty bool  // refused when produced alone
+	// alone counts refusals of the record produced alone with an error
+	// that is not surely the record's (convictable): each ended its
+	// session, so they are a backoff apart.
+	alone int
 }
 
 // Poison remembers, across sessions, records Kafka refused: suspects (a
@@ -53,8 +57,13 @@ type Poison struct {
 	n  atomic.Int64 // len(m), read without the lock on every record
 }
 
-// maxPoison bounds the memory: poison is rare, and forgetting an entry only
-// costs one more failed session.
+// maxPoison bounds the memory the guilty take: forgetting one costs one
+// more failed session (it fails in a batch again, is a suspect again, and
+// is refused alone again). Suspects are never forgotten, or a refused batch
+// of more records than the bound would never be resolved (the guilty one
+// forgotten, produced in a batch again, forever): they are bounded by what
+// is in flight when a batch fails, and each is resolved (acquitted or
+// convicted) when it is read again.
 const maxPoison = 10000
 
 // set records v for key; it reports whether key was unknown.
@@ -68,8 +77,15 @@ func (ps *Poison) set(key string, v verdict) bool {
 	if known && old.guilty && !v.guilty {
 		return false // a guilty record failing again with its batch stays guilty
 	}
-	if ps.m == nil || len(ps.m) >= maxPoison {
+	if ps.m == nil {
 		ps.m = map[string]verdict{}
+	}
+	if len(ps.m) >= maxPoison && v.guilty {
+		for k, old := range ps.m {
+			if old.guilty {
+				delete(ps.m, k)
+			}
+		}
 	}
 	ps.m[key] = v
 	ps.n.Store(int64(len(ps.m)))
@@ -83,6 +99,49 @@ func (ps *Poison) suspect(key string, err error) bool { return ps.set(key, verdi
 
 // convict remembers a record Kafka refused alone.
 func (ps *Poison) convict(key string, err error) { ps.set(key, verdict{err: err, guilty: true}) }
+
+// maxAloneRefusals is how often a record produced alone may be refused with
+// an error that is not surely its own before it is convicted all the same:
+// the line must not wedge on an error Kafka gives for a reason we do not
+// know, nor dead-letter an innocent record for one passing fault.
+const maxAloneRefusals = 3
+
+// refusedAlone records that the suspect of key was refused alone with err;
+// it reports whether that convicts it: at once for an error that is surely
+// the record's (convictable), else at the maxAloneRefusals-th time.
+func (ps *Poison) refusedAlone(key string, err error) bool {
+	if convictable(err) || ps == nil {
+		return true
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	v := ps.m[key]
+	if v.alone+1 >= maxAloneRefusals {
+		return true
+	}
+	v.err, v.alone = err, v.alone+1
+	if ps.m == nil {
+		ps.m = map[string]verdict{}
+	}
+	ps.m[key] = v
+	ps.n.Store(int64(len(ps.m)))
+	return false
+}
+
+// convictable reports a refusal that is surely the record's own, whoever
+// else shared its batch: Kafka's answers about a record's data (franz-go
+// answers MESSAGE_TOO_LARGE itself for a record larger than a batch may be).
+// CORRUPT_MESSAGE and UNKNOWN_SERVER_ERROR are not among them: a damaged
+// request or a broker's passing trouble give them too.
+func convictable(err error) bool {
+	for _, e := range []error{kerr.InvalidTimestamp, kerr.InvalidRecord, kerr.MessageTooLarge,
+		kerr.RecordListTooLarge, kerr.PolicyViolation, kerr.InvalidTopicException} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
 
 // acquit forgets a record Kafka took alone.
 func (ps *Poison) acquit(key string) {

@@ -117,11 +117,12 @@ func TestPoisonVerdicts(t *testing.T) {
 	if _, ok := none.lookup("t", id); ok {
 		t.Error("a nil Poison knows a record")
 	}
+	// The bound forgets the guilty, never a suspect (TestPoisonKeepsSuspects).
 	for i := range maxPoison + 1 {
-		ps.suspect(poisonKey("t", rowID{lsn: uint64(i)}), kerr.InvalidRecord)
+		ps.convict(poisonKey("t", rowID{lsn: uint64(i)}), kerr.InvalidRecord)
 	}
 	if n := ps.n.Load(); n < 1 || n > maxPoison {
-		t.Errorf("%d entries after %d suspects; want at most %d", n, maxPoison+1, maxPoison)
+		t.Errorf("%d entries after %d convictions; want at most %d", n, maxPoison+1, maxPoison)
 	}
 }
 

@@ -277,6 +277,9 @@ func (p *Producer) alone(ctx context.Context, ev wal.Event, id rowID, rec *kgo.R
 		p.metrics.KafkaRefused.WithLabelValues(rec.Topic, "innocent").Inc()
 		p.log.Info("a record whose batch Kafka refused was taken alone: it was not at fault, and is published", "topic", rec.Topic, "lsn", lsn, "batch_err", suspected)
 		return nil
+	case errors.As(err, &rf) && !p.cfg.Poison.refusedAlone(key, rf.err):
+		p.log.Warn("Kafka refused a record produced alone with an error that may not be its own; it stays a suspect and is tried alone again after the session's backoff", "topic", rec.Topic, "lsn", lsn, "err", rf.err)
+		return err
 	case errors.As(err, &rf):
 		p.cfg.Poison.convict(key, rf.err)
 		p.metrics.KafkaRefused.WithLabelValues(rec.Topic, "guilty").Inc()
