@@ -316,7 +316,7 @@ func (w *failureWatch) Level() kgo.LogLevel {
 }
 
 func (w *failureWatch) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	if level == kgo.LogLevelInfo && msg == batchFailedMsg {
+	if msg == batchFailedMsg && level <= kgo.LogLevelInfo {
 		if f := w.refused.Load(); f != nil {
 			(*f)()
 		}
