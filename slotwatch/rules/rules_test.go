@@ -1,11 +1,9 @@
 package rules
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -26,33 +24,10 @@ import (
 // built from the Go module proxy into a cache directory outside the repo.
 const promtoolVersion = "v0.316.0"
 
-// promtool finds or builds promtool: $PROMTOOL, else a cached build of
-// promtoolVersion, else it builds one (a few minutes, once per machine).
+// promtool finds or builds promtool at promtoolVersion (testenv.Promtool).
 func promtool(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("PROMTOOL"); p != "" {
-		return p
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "pgoutbox", "promtool-"+promtoolVersion)
-	bin := filepath.Join(dir, "promtool")
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	t.Logf("building promtool %s into %s (once per machine)", promtoolVersion, dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "install", "github.com/prometheus/prometheus/cmd/promtool@"+promtoolVersion)
-	// Outside the repo, so that our go.mod is neither read nor touched.
-	cmd.Dir = os.TempDir()
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		testenv.Unavailable(t, "build promtool %s from the Go module proxy: %v\n%s", promtoolVersion, err, out)
-	}
-	return bin
+	return testenv.Promtool(t, promtoolVersion)
 }
 
 func TestPromtool(t *testing.T) {
