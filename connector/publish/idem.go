@@ -265,6 +265,10 @@ func (p *Producer) aloneIdem(ctx context.Context, ev wal.Event, rec *kgo.Record,
 	if err := p.haltErr(); err != nil {
 		return err
 	}
+	// The flush may have taken a while: the lease may have run out.
+	if !p.valid() {
+		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
+	}
 	p.idm.alone.Store(true)
 	defer p.idm.alone.Store(false)
 	res := make(chan error, 1)

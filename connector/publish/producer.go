@@ -154,6 +154,9 @@ func isFatalKafka(err error) bool {
 func (p *Producer) Run(ctx context.Context, in <-chan wal.Event, onFatal func()) error {
 	if err := p.ensureTopic(ctx, p.cfg.DLQTopic); err != nil {
 		onFatal()
+		if errors.Is(err, kerr.InvalidTopicException) {
+			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused the dead-letter topic name %q; set OUTBOX_DLQ_TOPIC to a legal topic name", p.cfg.DLQTopic), Err: err}
+		}
 		return err
 	}
 	if p.cfg.Transactional {
@@ -229,7 +232,10 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 	}
 	if !p.topics[rec.Topic] {
 		if err := p.ensureTopic(ctx, rec.Topic); err != nil {
-			if errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidConfig) {
+			// The topic's name, which the event's aggregatetype made, is
+			// the record's fault; its settings (refused with a
+			// FatalError) are the deployment's.
+			if errors.Is(err, kerr.InvalidTopicException) {
 				return p.deadLetter(ctx, ev, id, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka refused to create the topic", Err: err})
 			}
 			return err
@@ -362,6 +368,14 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to create topic %q; grant CREATE, or create the topics yourself and set OUTBOX_TOPIC_CREATE=false", topic), Err: err}
 		case errors.Is(err, kerr.InvalidTopicException):
 			return err
+		case errors.Is(err, kerr.InvalidConfig), errors.Is(err, kerr.InvalidReplicationFactor),
+			errors.Is(err, kerr.InvalidPartitions), errors.Is(err, kerr.InvalidReplicaAssignment),
+			errors.Is(err, kerr.PolicyViolation):
+			// Retrying would loop forever: the settings are the
+			// deployment's, the same for every topic, and only an operator
+			// can change them.
+			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to create topic %q with %d partitions, replication factor %d and the configs of OUTBOX_TOPIC_CONFIGS; correct OUTBOX_TOPIC_PARTITIONS, OUTBOX_TOPIC_REPLICATION_FACTOR or OUTBOX_TOPIC_CONFIGS (or the broker's create-topic policy), or create the topics yourself and set OUTBOX_TOPIC_CREATE=false",
+				topic, p.cfg.TopicPartitions, p.cfg.TopicReplication), Err: err}
 		}
 		p.log.Warn("create topic failed; retrying", "topic", topic, "err", err, "backoff", backoff)
 		select {
