@@ -119,6 +119,28 @@ func TestDeadLetterTableIDs(t *testing.T) {
 	if got := deadLetters(t, pool); !slices.Equal(got, want) {
 		t.Fatalf("after an event reused the id e1, outbox_dead_letter holds\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+
+	// Every suffixed variant of e1 taken by other events: the next event
+	// with the id e1 is kept under the id and its place in the WAL, not
+	// retried forever.
+	if _, err := pool.Exec(ctx, `INSERT INTO public.outbox_dead_letter (id, row_data, error, error_class)
+		SELECT 'e1#' || n, '{}', 'filler', 'test' FROM generate_series(3, $1::int) AS n`, maxDeadLetterIDs); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		send(p, 3000, eventRow("event_id", "e1", "dl", "a", `{"other": 2}`, 2500, 3000))
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dead letter of an event whose id and every variant of it are taken was not stored within 30 s")
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM public.outbox_dead_letter WHERE id = 'e1@lsn:0/BB8:0/9C4:0' AND payload = '{"other": 2}'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the event is not stored under its id and place in the WAL (%d rows, %v); table:\n%s", n, err, strings.Join(deadLetters(t, pool), "\n"))
+	}
 }
 
 // TestPoisonedSnapshotRowAlone: a snapshot row that Kafka refuses (here

@@ -570,10 +570,16 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 				break
 			}
 			// Another event holds this id: keep this one too, under
-			// the next free one.
-			if n++; n > maxDeadLetterIDs {
-				err = fmt.Errorf("event id %q and %d variants of it are taken by other dead letters", eventID, maxDeadLetterIDs)
-			} else {
+			// the next free one; past maxDeadLetterIDs of them, under
+			// the id and its place in the WAL, which no other event has.
+			switch n++; {
+			case n == maxDeadLetterIDs+1:
+				key = eventID + "@lsn:" + wal.FormatLSN(id.commit) + ":" + wal.FormatLSN(id.lsn) + ":" + strconv.FormatUint(uint64(id.ord), 10)
+				p.log.Warn("the event id and its suffixed variants are all taken by other dead letters; storing this event under the id and its place in the WAL", "id", eventID, "stored_as", key)
+				continue
+			case n > maxDeadLetterIDs+1:
+				err = fmt.Errorf("event id %q, %d variants of it and its place in the WAL are taken by other dead letters", eventID, maxDeadLetterIDs)
+			default:
 				p.log.Warn("another dead letter holds this event id; storing this event under a suffixed id", "id", eventID, "stored_as", eventID+"#"+strconv.Itoa(n), "lsn", wal.FormatLSN(row.Source.LSN))
 				key = eventID + "#" + strconv.Itoa(n)
 				continue

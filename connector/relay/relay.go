@@ -59,7 +59,7 @@ type Relay struct {
 
 	elector *lease.Elector
 	lead    atomic.Pointer[leadership] // the current or last term
-	poison  publish.Poison             // records that aborted a Kafka transaction
+	poison  publish.Poison             // records Kafka refused: suspects and the guilty, across sessions
 
 	// faults, set by tests only, fails or stops a session at a named step.
 	faults fault.Hook
