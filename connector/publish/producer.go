@@ -549,11 +549,11 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 	}
 	data, _ := json.Marshal(obj)
 	typeData, _ := json.Marshal(types)
-	eventID := ""
+	// The event's place in the WAL, which no other event has.
+	place := "lsn:" + wal.FormatLSN(id.commit) + ":" + wal.FormatLSN(id.lsn) + ":" + strconv.FormatUint(uint64(id.ord), 10)
+	eventID := place
 	if v := col(p.idField); v != nil {
 		eventID = *v
-	} else {
-		eventID = "lsn:" + wal.FormatLSN(id.commit) + ":" + wal.FormatLSN(id.lsn) + ":" + strconv.FormatUint(uint64(id.ord), 10)
 	}
 	class := classOf(cause)
 	backoff := 100 * time.Millisecond
@@ -574,7 +574,7 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 			// the id and its place in the WAL, which no other event has.
 			switch n++; {
 			case n == maxDeadLetterIDs+1:
-				key = eventID + "@lsn:" + wal.FormatLSN(id.commit) + ":" + wal.FormatLSN(id.lsn) + ":" + strconv.FormatUint(uint64(id.ord), 10)
+				key = eventID + "@" + place
 				p.log.Warn("the event id and its suffixed variants are all taken by other dead letters; storing this event under the id and its place in the WAL", "id", eventID, "stored_as", key)
 				continue
 			case n > maxDeadLetterIDs+1:

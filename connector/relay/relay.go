@@ -401,8 +401,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		// connection then). Records it fails stay unacked and are read
 		// again by the next leader.
 		defer context.AfterFunc(tctx, closeKafka)()
-	}
-	if r.cfg.Transactional {
+	} else {
 		// Fence the previous leader at the broker before reading anything:
 		// InitProducerID bumps the epoch of the slot's transactional id,
 		// which aborts its open transaction and refuses its produce

@@ -193,12 +193,14 @@ func stalled(s stallState, timeout time.Duration, lastErr func() string) (bool, 
 }
 
 func owedReason(s stallState, timeout time.Duration, lastErr func() string) string {
-	why := fmt.Sprintf("events read before the stream restarted are not delivered, and none was acknowledged or dead-lettered for %s (OUTBOX_STALL_TIMEOUT %s)", s.waiting.Round(time.Second), timeout)
+	var why string
 	if s.inFlight > 0 {
-		// The last error may say why (a topic that does not exist, which
-		// the producer reports while it waits for it).
 		why = fmt.Sprintf("%d events in flight and none acknowledged or dead-lettered for %s (OUTBOX_STALL_TIMEOUT %s)", s.inFlight, s.waiting.Round(time.Second), timeout)
+	} else {
+		why = fmt.Sprintf("events read before the stream restarted are not delivered, and none was acknowledged or dead-lettered for %s (OUTBOX_STALL_TIMEOUT %s)", s.waiting.Round(time.Second), timeout)
 	}
+	// The last error may say why (a topic that does not exist, which the
+	// producer reports while it waits for it; a reconnect's cause).
 	if e := lastErr(); e != "" {
 		why += "; last error: " + e
 	}
