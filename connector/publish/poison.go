@@ -335,6 +335,23 @@ func refusedCause(err error) *route.Error {
 	return &route.Error{Class: ClassRefused, Msg: "Kafka refused the record, produced alone", Err: err}
 }
 
+// dlqRefusedError is the dead-letter cause of an event whose DLQ record
+// Kafka refused too, produced alone: the event goes to the table with both
+// reasons. Its class (classOf, errors.As) is the original cause's, the
+// reason the event is a dead letter at all.
+type dlqRefusedError struct {
+	cause error  // why the event is a dead letter
+	topic string // the DLQ topic
+	err   error  // Kafka's refusal of the DLQ record
+}
+
+func (e *dlqRefusedError) Error() string {
+	return e.cause.Error() + "; Kafka refused its dead letter (DLQ topic " + strconv.Quote(e.topic) + ") too, produced alone: " + e.err.Error()
+}
+
+// Unwrap gives the original cause first, so that errors.As finds its class.
+func (e *dlqRefusedError) Unwrap() []error { return []error{e.cause, e.err} }
+
 // refusedError ends a Kafka transaction in which Kafka refused records for
 // their own account; they are suspects now.
 type refusedError struct {

@@ -241,33 +241,35 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 			return err
 		}
 	}
-	return p.send(ctx, ev, id, rec, "", false)
+	return p.send(ctx, ev, id, rec, "", nil)
 }
 
-// send produces rec, the record of ev (a dead letter for the topic intended
-// when dlq), in the mode's way, unless Kafka refused it before (see
-// Poison): a suspect is produced alone, a guilty one is dead-lettered.
-func (p *Producer) send(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool) error {
+// send produces rec, the record of ev, in the mode's way, unless Kafka
+// refused it before (see Poison): a suspect is produced alone, a guilty one
+// is dead-lettered. dead, when not nil, is why ev is a dead letter: rec is
+// its DLQ record, for the topic intended.
+func (p *Producer) send(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dead error) error {
 	if !p.valid() {
 		return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
 	}
 	if v, ok := p.cfg.Poison.lookup(rec.Topic, id); ok {
 		if v.guilty {
-			return p.convicted(ctx, ev, id, rec.Topic, intended, dlq, v.err)
+			return p.convicted(ctx, ev, id, rec.Topic, intended, dead, v.err)
 		}
-		return p.alone(ctx, ev, id, rec, intended, dlq, v.err)
+		return p.alone(ctx, ev, id, rec, intended, dead, v.err)
 	}
 	if p.cfg.Transactional {
-		return p.sendTxn(ctx, ev, id, rec, intended, dlq)
+		return p.sendTxn(ctx, ev, id, rec, intended, dead != nil)
 	}
-	return p.sendIdem(ctx, ev, id, rec, dlq)
+	return p.sendIdem(ctx, ev, id, rec, dead != nil)
 }
 
 // alone produces a suspect on its own, after everything before it is acked
 // (committed) and before anything after it: taken, it was innocent and is
 // published in its place; refused again, it is guilty and dead-lettered.
-// suspected is the error its batch failed with.
-func (p *Producer) alone(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool, suspected error) error {
+// suspected is the error its batch failed with; dead is as for send.
+func (p *Producer) alone(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dead error, suspected error) error {
+	dlq := dead != nil
 	key := poisonKey(rec.Topic, id)
 	lsn := wal.FormatLSN(ev.Row.Source.LSN)
 	var err error
@@ -290,19 +292,21 @@ func (p *Producer) alone(ctx context.Context, ev wal.Event, id rowID, rec *kgo.R
 		p.cfg.Poison.convict(key, rf.err)
 		p.metrics.KafkaRefused.WithLabelValues(rec.Topic, "guilty").Inc()
 		p.log.Warn("Kafka refused a record produced alone: it is at fault; dead-lettering it", "topic", rec.Topic, "lsn", lsn, "err", rf.err)
-		return p.convicted(ctx, ev, id, rec.Topic, intended, dlq, rf.err)
+		return p.convicted(ctx, ev, id, rec.Topic, intended, dead, rf.err)
 	}
 	return err
 }
 
 // convicted dead-letters the event of a record Kafka refused alone with
-// err, for its topic; a DLQ record Kafka refused goes to the table.
-func (p *Producer) convicted(ctx context.Context, ev wal.Event, id rowID, topic, intended string, dlq bool, err error) error {
-	cause := refusedCause(err)
-	if dlq {
-		cause.Msg = fmt.Sprintf("Kafka refused the dead letter (DLQ topic %q) too", topic)
-		return p.deadLetterTable(ctx, ev, id, intended, cause)
+// err, for its topic. A DLQ record Kafka refused (dead is why its event is
+// a dead letter) goes to the table, with both reasons: the table row must
+// still say why the event is poison, not only why the DLQ topic did not
+// take it.
+func (p *Producer) convicted(ctx context.Context, ev wal.Event, id rowID, topic, intended string, dead, err error) error {
+	if dead != nil {
+		return p.deadLetterTable(ctx, ev, id, intended, &dlqRefusedError{cause: dead, topic: topic, err: err})
 	}
+	cause := refusedCause(err)
 	if cause.Class == route.ClassTooLarge {
 		return p.deadLetterTable(ctx, ev, id, topic, cause)
 	}
@@ -490,7 +494,7 @@ func (p *Producer) deadLetter(ctx context.Context, ev wal.Event, id rowID, inten
 	class := classOf(cause)
 	p.log.Warn("dead-lettering an event to the DLQ topic", "topic", intended, "dlq", p.cfg.DLQTopic, "class", class, "lsn", wal.FormatLSN(ev.Row.Source.LSN), "err", cause)
 	p.metrics.DeadLettered.WithLabelValues(intended, class, "topic").Inc()
-	return p.send(ctx, ev, id, rec, intended, true)
+	return p.send(ctx, ev, id, rec, intended, cause)
 }
 
 func classOf(err error) string {
