@@ -153,8 +153,13 @@ func ExampleCleaner_DeleteExpired() {
 		log.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	_, _ = outbox.Write(ctx, conn, outbox.Event{AggregateType: "Order", AggregateID: "o-old", Type: "OrderPlaced",
-		Payload: 1, Columns: map[string]any{"created_at": time.Now().Add(-48 * time.Hour)}})
+	_ = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := outbox.Write(ctx, tx, outbox.Event{AggregateType: "Order", AggregateID: "o-old", Type: "OrderPlaced",
+			Payload: 1, Columns: map[string]any{"created_at": time.Now().Add(-48 * time.Hour)}})
+		return err
+	})
+	// The cleaner takes the connection itself (or a pool): each batch is
+	// its own transaction.
 	n, err := outbox.Cleaner{Retention: 24 * time.Hour, BatchSize: 500}.DeleteExpired(ctx, conn)
 	if err != nil {
 		log.Fatal(err)

@@ -4,8 +4,11 @@
 // reads the committed events from the WAL and publishes them to Kafka: topic
 // outbox.event.<AggregateType>, key AggregateID, header id = the event id.
 //
-// A Writer works with pgx (pgx.Tx, *pgx.Conn, pgxpool.Tx: anything with
-// Exec) through Write, and with database/sql (*sql.Tx) through WriteSQL.
+// A Writer takes the caller's transaction and nothing else: a pgx.Tx
+// (pgx's, pgxpool's, or a savepoint of either) through Write, a
+// database/sql *sql.Tx through WriteSQL. A pool or a bare connection would
+// commit the event on its own, a phantom when the business transaction rolls
+// back, so the compiler refuses them.
 // Event ids are UUIDv7 unless the caller sets one; payloads are marshalled to
 // JSON. Three modes put the same records into Kafka:
 //
@@ -109,23 +112,11 @@ type Event struct {
 	Columns map[string]any
 }
 
-// Execer is what Write needs from pgx: pgx.Tx, *pgx.Conn, *pgxpool.Pool,
-// pgxpool.Tx. Pass the transaction of the business change, or the event is
-// not atomic with it.
+// Execer is what Cleaner.DeleteExpired needs: a *pgxpool.Pool or a *pgx.Conn
+// outside a transaction, so that each batch commits on its own. Write does
+// not take it: it takes the business change's pgx.Tx.
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// SQLExecer is what WriteSQL needs from database/sql: *sql.Tx (or *sql.Conn,
-// *sql.DB outside a transaction).
-type SQLExecer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-// batcher is implemented by pgx.Tx and *pgx.Conn: delete-after-insert then
-// costs one round trip instead of two.
-type batcher interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Writer writes events. The zero value is not usable; call New. A Writer is
@@ -186,13 +177,15 @@ func (w *Writer) Mode() Mode { return w.mode }
 
 var defaultWriter, _ = New()
 
-// Write writes events with the default Writer (table mode, public.outbox).
-func Write(ctx context.Context, tx Execer, events ...Event) ([]uuid.UUID, error) {
+// Write writes events in tx with the default Writer (table mode,
+// public.outbox).
+func Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.UUID, error) {
 	return defaultWriter.Write(ctx, tx, events...)
 }
 
-// WriteSQL writes events through database/sql with the default Writer.
-func WriteSQL(ctx context.Context, tx SQLExecer, events ...Event) ([]uuid.UUID, error) {
+// WriteSQL writes events in the database/sql transaction tx with the
+// default Writer.
+func WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]uuid.UUID, error) {
 	return defaultWriter.WriteSQL(ctx, tx, events...)
 }
 
@@ -202,17 +195,26 @@ const maxParams = 60000
 
 // Write writes events in tx (in order) and returns their ids. Nothing is
 // visible to the connector until tx commits; if tx rolls back, no event.
-func (w *Writer) Write(ctx context.Context, tx Execer, events ...Event) ([]uuid.UUID, error) {
+//
+// tx is the business change's transaction (pgx.Tx; pgxpool.Tx and a
+// savepoint's pgx.Tx are ones too). A *pgxpool.Pool or a *pgx.Conn does not
+// compile: each would commit the event by itself. A tx that already ended is
+// refused by pgx (pgx.ErrTxClosed) and nothing is written.
+func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.UUID, error) {
+	if tx == nil {
+		return nil, errNoTx
+	}
 	stmts, ids, err := w.statements(events)
 	if err != nil {
 		return nil, err
 	}
-	if b, ok := tx.(batcher); ok && len(stmts) > 1 {
+	if len(stmts) > 1 {
+		// One round trip for delete-after-insert (or a long batch).
 		batch := &pgx.Batch{}
 		for _, s := range stmts {
 			batch.Queue(s.sql, s.args...)
 		}
-		if err := b.SendBatch(ctx, batch).Close(); err != nil {
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
 		}
 		return ids, nil
@@ -225,8 +227,18 @@ func (w *Writer) Write(ctx context.Context, tx Execer, events ...Event) ([]uuid.
 	return ids, nil
 }
 
-// WriteSQL is Write for database/sql transactions.
-func (w *Writer) WriteSQL(ctx context.Context, tx SQLExecer, events ...Event) ([]uuid.UUID, error) {
+// errNoTx is returned for a nil transaction (an interface holding nil would
+// panic deeper down).
+var errNoTx = errors.New("outbox: no transaction; pass the business change's transaction (pgx.Tx, or *sql.Tx to WriteSQL)")
+
+// WriteSQL is Write for database/sql: tx is the business change's *sql.Tx.
+// A *sql.DB or *sql.Conn does not compile (each would commit the event by
+// itself); a tx that already ended is refused by database/sql
+// (sql.ErrTxDone) and nothing is written.
+func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]uuid.UUID, error) {
+	if tx == nil {
+		return nil, errNoTx
+	}
 	stmts, ids, err := w.statements(events)
 	if err != nil {
 		return nil, err

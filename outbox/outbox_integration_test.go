@@ -234,7 +234,10 @@ func TestCleanerDeletesExpiredInBatches(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		evs = append(evs, outbox.Event{AggregateType: "Clean", AggregateID: "a", Type: "New", Payload: i})
 	}
-	if _, err := outbox.Write(ctx, conn, evs...); err != nil {
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := outbox.Write(ctx, tx, evs...)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	n, err := outbox.Cleaner{Retention: time.Hour, BatchSize: 300, Pause: time.Millisecond}.DeleteExpired(ctx, conn)

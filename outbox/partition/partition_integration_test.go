@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/outbox/partition"
@@ -99,7 +102,11 @@ func TestMaintainDropsOldPartitionsWhileConnectorRuns(t *testing.T) {
 					Payload: map[string]int{"seq": seq}, Columns: map[string]any{"created_at": now.AddDate(0, 0, -back)}})
 			}
 			mu.Unlock()
-			ids, err := outbox.Write(ctx, writeConn, evs...)
+			var ids []uuid.UUID
+			err := pgx.BeginFunc(ctx, writeConn, func(tx pgx.Tx) (err error) {
+				ids, err = outbox.Write(ctx, tx, evs...)
+				return err
+			})
 			if err != nil {
 				t.Error(err)
 				return
