@@ -13,21 +13,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/connector/wal"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
-
-// relayRetryBackoff is the relay's retry backoff for transactional clients
-// (relay.txnRetryBackoff, which this package cannot import): 10 ms to 1 s.
-func relayRetryBackoff(fails int) time.Duration {
-	d := 10 * time.Millisecond << min(max(fails-1, 0), 7)
-	d = min(d, time.Second)
-	return d - time.Duration(rand.Int64N(int64(d)/5))
-}
 
 // faultAt places the bad event of a fault test: the row at in the WAL
 // transaction tx (0 to 5), at 0 to 2.
@@ -134,7 +125,7 @@ func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *ker
 	l := newLine(t, brokers, Config{DLQTopic: dlq, Transactional: transactional, TopicPartitions: 2}, route.DefaultConfig())
 	l.pool = pool
 	if transactional {
-		l.opts = append(l.opts, kgo.RetryBackoffFn(relayRetryBackoff))
+		l.opts = append(l.opts, TxnRetryOpts()...)
 	}
 	mark := "bad-" + suffix
 	good, bad := faultEvents(l, aggType, mark, f)
@@ -172,15 +163,12 @@ func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *ker
 		n := <-hits
 		// franz-go retries after its retry backoff, but counts failures
 		// per request and clears the count whenever a request is
-		// answered, as these are (the error is per partition): a
-		// persistent error is retried at the backoff's first step, the
-		// relay's 10 ms for a transactional client (fewer than 100 a
-		// second), franz-go's 250 ms otherwise. A loop without a
-		// delay would make thousands.
+		// answered, as these are (the error is per partition): its
+		// default backoff stays at 250 ms; the relay's for a
+		// transactional client counts on until a batch is written
+		// (TxnRetryOpts), 10 ms growing to 1 s. A loop without a delay
+		// would make thousands.
 		bound := 25
-		if transactional {
-			bound = 150
-		}
 		t.Logf("%d produce requests answered %s in one second", n, ferr.Message)
 		if n < 1 || n > bound {
 			t.Errorf("%d produce requests answered %s in one second; want at least 1 and a backoff (at most %d)", n, ferr.Message, bound)

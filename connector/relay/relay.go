@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -268,7 +267,8 @@ func (r *Relay) newKafkaClient(txnID string) (*kgo.Client, error) {
 	opts := r.cfg.Kafka.Opts(nil)
 	opts = append(opts, publish.ClientOpts(r.cfg.MaxInFlight, r.cfg.MaxMessageBytes, r.cfg.Compression, r.cfg.Linger)...)
 	if r.cfg.Transactional {
-		opts = append(opts, kgo.TransactionalID(txnID), kgo.RetryBackoffFn(txnRetryBackoff))
+		opts = append(opts, kgo.TransactionalID(txnID))
+		opts = append(opts, publish.TxnRetryOpts()...)
 	}
 	opts = append(opts,
 		// WatchFailures: an idempotent producer halts at a refused batch,
@@ -280,19 +280,6 @@ func (r *Relay) newKafkaClient(txnID string) (*kgo.Client, error) {
 		return nil, &wal.FatalError{Msg: "Kafka client settings (OUTBOX_KAFKA_*)", Err: err}
 	}
 	return cl, nil
-}
-
-// txnRetryBackoff replaces franz-go's default retry backoff (250 ms to 5 s)
-// for transactional clients. Since KIP-890, the first produce request of a
-// transaction begun right after the previous one ended may be answered
-// CONCURRENT_TRANSACTIONS while the broker still writes the commit markers;
-// franz-go retries it like any retriable produce error, and with a commit
-// every few milliseconds 250 ms there would be the connector's latency. It
-// grows from 10 ms to 1 s, with jitter.
-func txnRetryBackoff(fails int) time.Duration {
-	d := 10 * time.Millisecond << min(max(fails-1, 0), 7)
-	d = min(d, time.Second)
-	return d - time.Duration(rand.Int64N(int64(d)/5))
 }
 
 // kafkaLogger demotes franz-go's info logs to debug: every Kafka
