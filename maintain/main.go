@@ -42,6 +42,8 @@ func main() {
 type settings struct {
 	dsn, mode, table    string
 	retention, interval time.Duration
+	lockTimeout         time.Duration
+	moveTimeout         time.Duration
 	ahead, batch        int
 }
 
@@ -54,6 +56,9 @@ func (s *settings) bind(fs *flag.FlagSet, getenv func(string) string) *config.Bi
 	b.Duration(&s.interval, "interval", "MAINTAIN_INTERVAL", 0, "run every interval until stopped (0: once)")
 	b.Int(&s.ahead, "ahead", "MAINTAIN_AHEAD", 2, "days of partitions to create after today")
 	b.Int(&s.batch, "batch", "MAINTAIN_BATCH", 1000, "rows per DELETE in delete mode")
+	b.Duration(&s.lockTimeout, "lock-timeout", "MAINTAIN_LOCK_TIMEOUT", 5*time.Second, "longest wait for each lock in partitions mode")
+	b.Duration(&s.moveTimeout, "move-timeout", "MAINTAIN_MOVE_TIMEOUT", 30*time.Second,
+		"longest run (and lock hold) of each partition creation, with its move of DEFAULT rows, or drop")
 	return b
 }
 
@@ -98,8 +103,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			log.Info("deleted expired outbox rows", "rows", n)
 			return err
 		}
-		res, err := partition.Maintain(ctx, pool, partition.Config{Table: s.table, Retention: s.retention, Ahead: s.ahead})
-		log.Info("partitions maintained", "created", res.Created, "dropped", res.Dropped)
+		res, err := partition.Maintain(ctx, pool, partition.Config{Table: s.table, Retention: s.retention, Ahead: s.ahead,
+			LockTimeout: s.lockTimeout, MoveTimeout: s.moveTimeout})
+		log.Info("partitions maintained", "created", res.Created, "dropped", res.Dropped,
+			"moved_from_default", res.Moved, "deleted_from_default", res.DefaultDeleted)
 		return err
 	}
 	if s.interval <= 0 {

@@ -8,6 +8,19 @@
 // Partitions are UTC days named <table>_pYYYYMMDD; partitions with other
 // names (the DEFAULT partition, a partition an operator made by hand) are
 // never dropped.
+//
+// A row written for a day that has no partition lands in the DEFAULT
+// partition, and PostgreSQL then refuses to create that day's partition
+// (SQLSTATE 23514: the DEFAULT partition's new constraint would be violated).
+// Maintain therefore makes each new partition as a standalone table, moves
+// the day's DEFAULT rows into it and attaches it, in one transaction: the
+// rows are never in two places nor in none, and the move publishes nothing
+// (the standalone table is outside the publication until it is attached, so
+// the connector does not deliver the moved events again). Attaching takes a
+// SHARE UPDATE EXCLUSIVE lock on the parent, which writers do not wait for,
+// and ACCESS EXCLUSIVE on the DEFAULT partition; each is waited for at most
+// LockTimeout and held at most MoveTimeout. DEFAULT rows whose day expired
+// are deleted like a dropped partition's.
 package partition
 
 import (
@@ -43,9 +56,15 @@ type Config struct {
 	// that a maintenance run that fails for a day does not send inserts to
 	// the DEFAULT partition.
 	Ahead int
-	// LockTimeout bounds the wait for each DROP/CREATE lock, so that
-	// maintenance never queues writers behind it for long (default 5s).
+	// LockTimeout bounds the wait for each lock maintenance takes, so that
+	// it never queues writers behind it for long (default 5s).
 	LockTimeout time.Duration
+	// MoveTimeout bounds how long each of maintenance's transactions (a
+	// creation with the move of its day's DEFAULT rows, a drop, a batch of
+	// expired DEFAULT rows) runs, and so how long it holds its locks: the
+	// statements' statement_timeout is what is left of it (default 30s). A
+	// transaction cut off is rolled back whole and retried by the next run.
+	MoveTimeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -54,6 +73,12 @@ type Config struct {
 type Result struct {
 	Created []string
 	Dropped []string
+	// Moved counts the rows moved out of the DEFAULT partition into the
+	// partitions created for their days.
+	Moved int64
+	// DefaultDeleted counts the DEFAULT partition's rows deleted because
+	// their day expired (as a dropped partition's rows are).
+	DefaultDeleted int64
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -78,6 +103,9 @@ func (c *Config) defaults() (schema, table string, err error) {
 	if c.LockTimeout <= 0 {
 		c.LockTimeout = 5 * time.Second
 	}
+	if c.MoveTimeout <= 0 {
+		c.MoveTimeout = 30 * time.Second
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -96,8 +124,11 @@ JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE i.inhparent = $1::regclass`
 
 // Maintain creates the partitions of today and the next Ahead days that are
-// missing, then drops the expired ones. It is idempotent; run it at least
-// daily. An error leaves what was already done in place.
+// missing (moving the rows the DEFAULT partition holds for them), drops the
+// expired ones and deletes the DEFAULT partition's expired rows. It is
+// idempotent; run it at least daily. A step that fails (a lock not granted
+// in time) does not stop the others: every failure is returned, joined, at
+// the end, and what was done is in the Result.
 func Maintain(ctx context.Context, db DB, cfg Config) (Result, error) {
 	schema, table, err := cfg.defaults()
 	if err != nil {
@@ -108,7 +139,12 @@ func Maintain(ctx context.Context, db DB, cfg Config) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	def, err := defaultPartition(ctx, db, parent)
+	if err != nil {
+		return Result{}, err
+	}
 	var res Result
+	var errs []error
 	today := cfg.Now().UTC().Truncate(24 * time.Hour)
 	for i := 0; i <= cfg.Ahead; i++ {
 		day := today.AddDate(0, 0, i)
@@ -116,13 +152,13 @@ func Maintain(ctx context.Context, db DB, cfg Config) (Result, error) {
 		if existing[name] {
 			continue
 		}
-		stmt := fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-			pgx.Identifier{schema, name}.Sanitize(), parent,
-			day.Format("2006-01-02 15:04:05Z07:00"), day.AddDate(0, 0, 1).Format("2006-01-02 15:04:05Z07:00"))
-		if err := withLockTimeout(ctx, db, cfg.LockTimeout, stmt); err != nil {
-			return res, fmt.Errorf("partition: create %s: %w", name, err)
+		moved, err := create(ctx, db, cfg, parent, pgx.Identifier{schema, name}.Sanitize(), def, day)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("partition: create %s: %w", name, err))
+			continue
 		}
 		res.Created = append(res.Created, name)
+		res.Moved += moved
 	}
 	cutoff := cfg.Now().Add(-cfg.Retention)
 	var names []string
@@ -143,12 +179,129 @@ func Maintain(ctx context.Context, db DB, cfg Config) (Result, error) {
 			continue
 		}
 		stmt := "DROP TABLE IF EXISTS " + pgx.Identifier{schema, name}.Sanitize()
-		if err := withLockTimeout(ctx, db, cfg.LockTimeout, stmt); err != nil {
-			return res, fmt.Errorf("partition: drop %s: %w", name, err)
+		if err := inTx(ctx, db, cfg, func(step stepFunc) error { _, err := step(stmt); return err }); err != nil {
+			errs = append(errs, fmt.Errorf("partition: drop %s: %w", name, err))
+			continue
 		}
 		res.Dropped = append(res.Dropped, name)
 	}
-	return res, nil
+	if def != "" {
+		n, err := deleteExpiredDefault(ctx, db, cfg, def, expiredBefore(cutoff))
+		res.DefaultDeleted = n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("partition: delete expired rows of the DEFAULT partition %s: %w", def, err))
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// expiredBefore is the start of the first day that has not expired at
+// cutoff: a day expires once its end is before cutoff, as for a partition.
+func expiredBefore(cutoff time.Time) time.Time {
+	x := cutoff.UTC().Add(-24 * time.Hour)
+	b := x.Truncate(24 * time.Hour)
+	if b.Before(x) {
+		b = b.Add(24 * time.Hour)
+	}
+	return b
+}
+
+const defaultSQL = `SELECT n.nspname, c.relname
+FROM pg_partitioned_table p
+JOIN pg_class c ON c.oid = p.partdefid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE p.partrelid = $1::regclass`
+
+// defaultPartition is the quoted name of parent's DEFAULT partition, "" when
+// it has none.
+func defaultPartition(ctx context.Context, db DB, parent string) (string, error) {
+	rows, err := db.Query(ctx, defaultSQL, parent)
+	if err != nil {
+		return "", fmt.Errorf("partition: look up the DEFAULT partition of %s: %w", parent, err)
+	}
+	names, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var schema, name string
+		err := r.Scan(&schema, &name)
+		return pgx.Identifier{schema, name}.Sanitize(), err
+	})
+	if err != nil || len(names) == 0 {
+		if err != nil {
+			err = fmt.Errorf("partition: look up the DEFAULT partition of %s: %w", parent, err)
+		}
+		return "", err
+	}
+	return names[0], nil
+}
+
+// create makes the partition of day as a standalone table, moves the
+// DEFAULT partition's rows of that day into it and attaches it, in one
+// transaction, and returns how many rows it moved.
+//
+// CREATE TABLE ... PARTITION OF would fail over such rows (23514), and
+// would hold an ACCESS EXCLUSIVE lock on the parent, which every writer
+// waits for, while it scans the DEFAULT partition. ATTACH PARTITION holds
+// SHARE UPDATE EXCLUSIVE on the parent instead; the ACCESS EXCLUSIVE lock
+// on the DEFAULT partition (which ATTACH needs for its scan) is taken first,
+// so no row for the day can slip into DEFAULT between the move and the
+// attach. The parent is locked before the DEFAULT partition, in the order
+// ATTACH itself locks them, so two maintenance runs cannot deadlock.
+// Inserting into the standalone table publishes nothing: it joins the
+// publication (through the parent) only when attached.
+func create(ctx context.Context, db DB, cfg Config, parent, part, def string, day time.Time) (moved int64, err error) {
+	from, to := day.Format("2006-01-02 15:04:05Z07:00"), day.AddDate(0, 0, 1).Format("2006-01-02 15:04:05Z07:00")
+	err = inTx(ctx, db, cfg, func(step stepFunc) error {
+		if _, err := step("LOCK TABLE ONLY " + parent + " IN SHARE UPDATE EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+		if def != "" {
+			if _, err := step("LOCK TABLE ONLY " + def + " IN ACCESS EXCLUSIVE MODE"); err != nil {
+				return err
+			}
+		}
+		if _, err := step("CREATE TABLE " + part + " (LIKE " + parent + " INCLUDING ALL)"); err != nil {
+			return err
+		}
+		if def != "" {
+			tag, err := step(`WITH moved AS (DELETE FROM `+def+` WHERE created_at >= $1 AND created_at < $2 RETURNING *)
+INSERT INTO `+part+` SELECT * FROM moved`, from, to)
+			if err != nil {
+				return fmt.Errorf("move the DEFAULT partition's rows of the day: %w", err)
+			}
+			moved = tag.RowsAffected()
+		}
+		_, err := step(fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')", parent, part, from, to))
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return moved, nil
+}
+
+// deleteExpiredBatch is the DEFAULT partition's expired rows per DELETE.
+const deleteExpiredBatch = 10000
+
+// deleteExpiredDefault deletes the rows of def dated before before, in
+// batches, each its own transaction.
+func deleteExpiredDefault(ctx context.Context, db DB, cfg Config, def string, before time.Time) (int64, error) {
+	stmt := `DELETE FROM ` + def + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + def + ` WHERE created_at < $1 LIMIT $2))`
+	var total int64
+	for {
+		var n int64
+		err := inTx(ctx, db, cfg, func(step stepFunc) error {
+			tag, err := step(stmt, before, deleteExpiredBatch)
+			n = tag.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if n < deleteExpiredBatch {
+			return total, nil
+		}
+	}
 }
 
 func list(ctx context.Context, db DB, parent string) (map[string]bool, error) {
@@ -181,24 +334,50 @@ func list(ctx context.Context, db DB, parent string) (map[string]bool, error) {
 	return out, nil
 }
 
-// withLockTimeout runs stmt in its own transaction with a lock timeout, so
-// that a long transaction holding the outbox does not make the DROP wait
-// for it while every writer queues behind the DROP.
-func withLockTimeout(ctx context.Context, db DB, timeout time.Duration, stmt string) error {
-	tx, err := db.Begin(ctx)
+// stepFunc runs one statement of a maintenance transaction.
+type stepFunc func(sql string, args ...any) (pgconn.CommandTag, error)
+
+// inTx runs f in a transaction whose lock waits are bounded by LockTimeout
+// and whose whole run by MoveTimeout: before each statement, the
+// statement_timeout is set to what is left of MoveTimeout, so that the
+// server itself cancels a statement that would hold the locks longer (a
+// client-side deadline alone would leave the statement running on the
+// server after the connection is dropped). A long transaction holding the
+// outbox then makes maintenance give up instead of queueing every writer
+// behind its lock request.
+func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc) error) error {
+	deadline := time.Now().Add(cfg.MoveTimeout)
+	// The client-side deadline is a backstop, a second after the server's.
+	tctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
+	defer cancel()
+	tx, err := db.Begin(tctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", timeout.Milliseconds())); err != nil {
+	if _, err := tx.Exec(tctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, stmt); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-			return fmt.Errorf("lock not granted within %s (a long transaction on the outbox?); the next run retries: %w", timeout, err)
+	step := func(sql string, args ...any) (pgconn.CommandTag, error) {
+		left := time.Until(deadline).Milliseconds()
+		if left < 1 {
+			return pgconn.CommandTag{}, fmt.Errorf("not done within %s; the next run retries", cfg.MoveTimeout)
 		}
+		if _, err := tx.Exec(tctx, fmt.Sprintf("SET LOCAL statement_timeout = '%dms'", left)); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		tag, err := tx.Exec(tctx, sql, args...)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "55P03":
+			return tag, fmt.Errorf("lock not granted within %s (a long transaction on the outbox?); the next run retries: %w", cfg.LockTimeout, err)
+		case errors.As(err, &pgErr) && pgErr.Code == "57014":
+			return tag, fmt.Errorf("not done within %s (MoveTimeout), rolled back; the next run retries: %w", cfg.MoveTimeout, err)
+		}
+		return tag, err
+	}
+	if err := f(step); err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	return tx.Commit(tctx)
 }

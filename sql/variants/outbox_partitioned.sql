@@ -32,7 +32,8 @@ CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON public.outbox (created_at);
 
 -- Rows outside every daily partition land here instead of failing the
 -- business transaction. It should stay empty: `maintain` creates partitions
--- ahead of time and refuses to create one over rows that sit here.
+-- ahead of time, moves a day's rows out of here into the partition it creates
+-- for that day, and deletes the rows here whose day has expired.
 CREATE TABLE IF NOT EXISTS public.outbox_default PARTITION OF public.outbox DEFAULT;
 
 -- Today's and tomorrow's partitions (UTC days), so that the table works
