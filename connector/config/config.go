@@ -249,14 +249,21 @@ func (c *Config) HTTPEnabled() bool {
 	return c.HTTPAddr != webconfig.Off && c.HTTPAddr != ""
 }
 
-// SplitTable splits schema.table; a bare name is in public.
+// tableIdentRE is a part of OUTBOX_TABLE: the names the outbox package
+// takes (outbox.QuoteTable), of either case.
+var tableIdentRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+
+// SplitTable splits schema.table; a bare name is in public. The names are
+// taken as they are written, case kept, as the outbox package takes them
+// (Sales.OutBox is the table "Sales"."OutBox"): every statement quotes them
+// (pgx.Identifier), so a reserved word (order.select) is a name too.
 func SplitTable(t string) (schema, table string, err error) {
 	schema, table, ok := strings.Cut(t, ".")
 	if !ok {
 		schema, table = "public", t
 	}
-	if !identRE.MatchString(schema) || !identRE.MatchString(table) {
-		return "", "", fmt.Errorf("%q is not schema.table with plain lower-case identifiers", t)
+	if !tableIdentRE.MatchString(schema) || !tableIdentRE.MatchString(table) {
+		return "", "", fmt.Errorf("%q is not schema.table of plain identifiers (letters, digits, _ and $, at most 63, case kept)", t)
 	}
 	return schema, table, nil
 }

@@ -61,7 +61,7 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 		r.log.Warn("the initial snapshot orders rows by "+order+": an aggregate's events written by transactions that began in another order than they committed may be published out of order. "+
 			"Add a column filled at insert from a sequence (sql/variants/outbox_snapshot_order.sql) or set track_commit_timestamp = on", "table", r.schema+"."+r.table)
 	}
-	q := fmt.Sprintf("SELECT * FROM %s.%s ORDER BY %s", r.schema, r.table, order)
+	q := fmt.Sprintf("SELECT * FROM %s ORDER BY %s", pgx.Identifier{r.schema, r.table}.Sanitize(), order)
 	// The simple protocol returns every value in text format, as pgoutput
 	// does, so snapshot rows route exactly like streamed ones.
 	rows, err := s.tx.Query(ctx, q, pgx.QueryExecModeSimpleProtocol)

@@ -105,8 +105,13 @@ func CheckSlot(s SlotInfo, db string) error {
 	return nil
 }
 
+// queryRelKind reads the outbox table's kind, and its name and the
+// publication's as SQL must spell them (quote_ident quotes only where the
+// name needs it: a capital, a reserved word), for the statements the
+// connector's errors tell the operator to run.
 const queryRelKind = `
-SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT c.relkind, quote_ident(n.nspname) || '.' || quote_ident(c.relname), quote_ident($3)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = $2`
 
 const queryPublication = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`
@@ -148,8 +153,10 @@ FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND p
 // take for the outbox; such a publication is refused with the ALTER that
 // fixes it.
 func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table string) (bool, error) {
-	var kind string
-	err := conn.QueryRow(ctx, queryRelKind, schema, table).Scan(&kind)
+	// qtable and qpub are for the statements an error suggests; the
+	// statements run here quote every name (pgx.Identifier).
+	var kind, qtable, qpub string
+	err := conn.QueryRow(ctx, queryRelKind, schema, table, pub).Scan(&kind, &qtable, &qpub)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, Fatalf("table %s.%s does not exist; create the outbox table (sql/001_outbox.sql, or sql/variants/outbox_partitioned.sql) or point OUTBOX_TABLE at it", schema, table)
 	}
@@ -165,13 +172,13 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 	if partitioned {
 		with += ", publish_via_partition_root = true"
 	}
-	createSQL := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s.%s WITH (%s)", pub, schema, table, with)
+	createSQL := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)", pgx.Identifier{pub}.Sanitize(), pgx.Identifier{schema, table}.Sanitize(), with)
 	created := false
 	if !exists {
 		if _, err := conn.Exec(ctx, createSQL); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "42P01") {
-				return false, Fatalf("publication %q does not exist and this role cannot create it (%s). Run as the table's owner: %s;", pub, pgErr.Message, createSQL)
+				return false, Fatalf("publication %q does not exist and this role cannot create it (%s). Run as the table's owner: CREATE PUBLICATION %s FOR TABLE %s WITH (%s);", pub, pgErr.Message, qpub, qtable, with)
 			}
 			return false, fmt.Errorf("create publication %q: %w", pub, err)
 		}
@@ -187,7 +194,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 		return created, fmt.Errorf("check the operations publication %q publishes: %w", pub, err)
 	}
 	if !inserts {
-		return created, Fatalf("publication %q does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert');", pub, pub)
+		return created, Fatalf("publication %q does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert');", pub, qpub)
 	}
 	if partitioned {
 		var viaRoot bool
@@ -195,7 +202,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 			return created, fmt.Errorf("check publish_via_partition_root of publication %q: %w", pub, err)
 		}
 		if !viaRoot {
-			return created, Fatalf("publication %q publishes the partitions of the partitioned table %s.%s under their own names (publish_via_partition_root is off), so the connector would not see their inserts as the outbox's; run: ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub, schema, table, pub)
+			return created, Fatalf("publication %q publishes the partitions of the partitioned table %s.%s under their own names (publish_via_partition_root is off), so the connector would not see their inserts as the outbox's; run: ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub, schema, table, qpub)
 		}
 	}
 	// A row filter makes pgoutput send nothing for the rows it rejects, and
@@ -207,7 +214,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 	var leftOut []string
 	err = conn.QueryRow(ctx, queryPublicationTable, pub, schema, table).Scan(&rowFilter, &leftOut)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return created, Fatalf("publication %q does not include %s.%s; run: ALTER PUBLICATION %s ADD TABLE %s.%s;", pub, schema, table, pub, schema, table)
+		return created, Fatalf("publication %q does not include %s.%s; run: ALTER PUBLICATION %s ADD TABLE %s;", pub, schema, table, qpub, qtable)
 	}
 	if err != nil {
 		return created, fmt.Errorf("check publication %q for %s.%s: %w", pub, schema, table, err)
@@ -222,9 +229,9 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 		return created, nil
 	}
 	return created, Fatalf("publication %q %s, and the connector would confirm past them. "+
-		"Publish the whole table: ALTER PUBLICATION %s SET TABLE %s.%s; (SET TABLE replaces the publication's list of tables: if it publishes other tables too, list them after it, as they are). "+
+		"Publish the whole table: ALTER PUBLICATION %s SET TABLE %s; (SET TABLE replaces the publication's list of tables: if it publishes other tables too, list them after it, as they are). "+
 		"PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so events written before the fix stay filtered in the slot; they are still in the outbox table",
-		pub, what, pub, schema, table)
+		pub, what, qpub, qtable)
 }
 
 // CreateSlot creates the logical slot with pgoutput on the replication

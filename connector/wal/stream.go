@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -369,10 +370,10 @@ func (s *Stream) refusePartition(ctx context.Context, rel *relation) error {
 	}
 	return Fatalf("slot %q sent an insert into %s.%s, a partition of the outbox table %s.%s, under the partition's own name (transaction committed at %s): "+
 		"publication %q publishes the outbox's partitions as themselves (publish_via_partition_root is off, or it lists a partition). "+
-		"The connector stopped before confirming that transaction. Run: ALTER PUBLICATION %s SET (publish_via_partition_root = true); and make sure it lists %s.%s itself. "+
+		"The connector stopped before confirming that transaction. Run: ALTER PUBLICATION %s SET (publish_via_partition_root = true); and make sure it lists %s itself. "+
 		"PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so a transaction written before the fix stops the connector again; "+
 		"its events are still in the outbox table",
-		s.Slot, rel.Namespace, rel.Name, s.Schema, s.Table, FormatLSN(s.begin.FinalLSN), s.Publication, s.Publication, s.Schema, s.Table)
+		s.Slot, rel.Namespace, rel.Name, s.Schema, s.Table, FormatLSN(s.begin.FinalLSN), s.Publication, s.Publication, pgx.Identifier{s.Schema, s.Table}.Sanitize())
 }
 
 func (s *Stream) count(kind string) {
