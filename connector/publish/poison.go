@@ -77,6 +77,14 @@ func (ps *Poison) set(key string, v verdict) bool {
 	if known && old.guilty && !v.guilty {
 		return false // a guilty record failing again with its batch stays guilty
 	}
+	if known && !v.guilty {
+		// A suspect failing again keeps its count of refusals alone: in a
+		// transaction, the one it is produced alone in fails through
+		// recordErrors, which suspects it again before refusedAlone counts
+		// the refusal; reset here, the count never reached
+		// maxAloneRefusals and the line wedged.
+		v.alone = old.alone
+	}
 	if ps.m == nil {
 		ps.m = map[string]verdict{}
 	}
