@@ -33,7 +33,6 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,129 +270,6 @@ func Header(r *kgo.Record, key string) string {
 		}
 	}
 	return ""
-}
-
-// handle processes one record to its end (processed, duplicate or
-// dead-lettered); it returns an error only when ctx is done.
-func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
-	id := Header(rec, "id")
-	if id == "" {
-		return c.deadLetter(ctx, rec, "", errors.New("record has no id header: it cannot be deduplicated"), 0)
-	}
-	backoff := c.cfg.RetryBackoff
-	attempts := 0
-	for {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		dup, herr, err := c.try(ctx, rec, id)
-		switch {
-		case err != nil:
-			// The database, not the record: retry without counting.
-			c.log.Warn("inbox transaction failed; retrying", "id", id, "topic", rec.Topic, "err", err)
-		case dup:
-			c.duplicates.Add(1)
-			c.log.Info("duplicate delivery skipped", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
-			return nil
-		case herr == nil:
-			c.processed.Add(1)
-			return nil
-		default:
-			attempts++
-			if errors.Is(herr, ErrPermanent) || attempts >= c.cfg.MaxAttempts {
-				return c.deadLetter(ctx, rec, id, herr, attempts)
-			}
-			c.retries.Add(1)
-			c.log.Warn("handler failed; retrying", "id", id, "topic", rec.Topic, "attempt", attempts, "err", herr)
-		}
-		sleep(ctx, backoff)
-		backoff = min(backoff*2, 5*time.Second)
-	}
-}
-
-const insertSQL = `INSERT INTO %s (consumer, id, topic, kafka_partition, kafka_offset, outcome)
-VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (consumer, id) DO NOTHING`
-
-// try runs one attempt: dup when the id was already processed; herr is the
-// handler's error; err an error of the database itself.
-func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) (dup bool, herr, err error) {
-	tx, err := c.db.Begin(ctx)
-	if err != nil {
-		return false, nil, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	// A concurrent transaction inserting the same id (another member after
-	// a rebalance) makes this INSERT wait for it; if it commits, this one
-	// inserts nothing and the record is a duplicate.
-	tag, err := tx.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "processed")
-	if err != nil {
-		return false, nil, fmt.Errorf("insert processed id: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return true, nil, nil
-	}
-	if herr := c.h(ctx, tx, rec); herr != nil {
-		if tx.Conn().IsClosed() {
-			return false, nil, fmt.Errorf("handler: connection lost: %w", herr)
-		}
-		return false, herr, nil
-	}
-	if err := tx.Commit(ctx); err != nil {
-		// The outcome is unknown if the connection broke during COMMIT;
-		// the retry finds the id if it did commit.
-		return false, nil, fmt.Errorf("commit: %w", err)
-	}
-	return false, nil, nil
-}
-
-// deadLetter sends rec to the DLQ topic with the reason, then marks its id
-// processed, retrying both until they succeed (or ctx is done). A crash
-// between the two sends it to the DLQ again on redelivery: at-least-once
-// there too.
-func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, id string, reason error, attempts int) error {
-	dl := &kgo.Record{
-		Topic: c.cfg.DLQTopic, Key: rec.Key, Value: rec.Value,
-		Headers: append(append([]kgo.RecordHeader(nil), rec.Headers...),
-			kgo.RecordHeader{Key: "inbox.error", Value: []byte(reason.Error())},
-			kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(attempts))},
-			kgo.RecordHeader{Key: "inbox.consumer", Value: []byte(c.cfg.Group)},
-			kgo.RecordHeader{Key: "inbox.source.topic", Value: []byte(rec.Topic)},
-			kgo.RecordHeader{Key: "inbox.source.partition", Value: []byte(strconv.Itoa(int(rec.Partition)))},
-			kgo.RecordHeader{Key: "inbox.source.offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
-		),
-	}
-	backoff := c.cfg.RetryBackoff
-	for {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := c.cl.ProduceSync(pctx, dl).FirstErr()
-		cancel()
-		if err == nil {
-			break
-		}
-		c.log.Warn("dead-letter produce failed; retrying", "id", id, "topic", c.cfg.DLQTopic, "err", err)
-		sleep(ctx, backoff)
-		backoff = min(backoff*2, 5*time.Second)
-	}
-	c.deadLettered.Add(1)
-	c.log.Error("record dead-lettered", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
-		"attempts", attempts, "dlq", c.cfg.DLQTopic, "err", reason)
-	if id == "" {
-		return nil
-	}
-	for {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		_, err := c.db.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "dead-lettered")
-		if err == nil {
-			return nil
-		}
-		c.log.Warn("marking a dead-lettered id failed; retrying", "id", id, "err", err)
-		sleep(ctx, backoff)
-	}
 }
 
 // ensureDLQTopic creates the DLQ topic when it is missing (best effort: a

@@ -1,0 +1,130 @@
+package inbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// fault says whose fault a failed attempt is; it is the one place that
+// decides between "retry without limit" and "count an attempt, then
+// dead-letter" (the rule: an error that belongs to one record and will not
+// pass on retry makes that record a dead letter, never a loop; an innocent
+// record is never dead-lettered for the database's state).
+type fault int
+
+const (
+	// faultDB: the database, or the way to it, failed; the record is
+	// innocent. Retried with backoff without limit, never dead-lettered.
+	faultDB fault = iota + 1
+	// faultRecord: the error belongs to this record (its data, or what the
+	// handler does with it) and the same attempt fails the same way again.
+	// It counts as an attempt; after MaxAttempts the record is a dead letter.
+	faultRecord
+)
+
+func (f fault) String() string {
+	switch f {
+	case faultDB:
+		return "database"
+	case faultRecord:
+		return "record"
+	}
+	return "unknown"
+}
+
+// sqlState returns the SQLSTATE of the PostgreSQL error in err's chain, or
+// "" when there is none.
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// recordState reports whether a SQLSTATE is about the statement and its
+// data, so that the same statement with the same record fails again:
+//
+//	22 data exception: a NUL byte or invalid UTF-8 in text (22021), a value
+//	   out of range, invalid input syntax
+//	23 integrity constraint violation, including a deferrable constraint
+//	   checked at COMMIT (23505)
+//	42 syntax error or access rule violation
+//	54 program limit exceeded: an index row too large (54000), too many
+//	   columns or arguments
+func recordState(code string) bool {
+	switch code[:min(2, len(code))] {
+	case "22", "23", "42", "54":
+		return true
+	}
+	return false
+}
+
+// transientState reports whether a SQLSTATE is about the database's state,
+// which passes with time:
+//
+//	08 connection exception
+//	40 transaction rollback: serialization failure (40001), deadlock (40P01)
+//	53 insufficient resources: disk full, out of memory, too many connections
+//	57 operator intervention: statement timeout or cancel (57014), shutdown
+//	58 system error: an I/O error of the server
+//	55P03 lock not available: lock_timeout, NOWAIT
+func transientState(code string) bool {
+	if code == "55P03" {
+		return true
+	}
+	switch code[:min(2, len(code))] {
+	case "08", "40", "53", "57", "58":
+		return true
+	}
+	return false
+}
+
+// classifyOwn classifies an error of the inbox's own statements (BEGIN, the
+// dedupe INSERT, COMMIT). Record-class SQLSTATEs are the record's: the
+// INSERT refusing the id or COMMIT failing on a deferred constraint repeats
+// on every attempt. So is a COMMIT that answered ROLLBACK: a statement of the
+// handler failed and the handler returned nil anyway, which it will do again;
+// and a transaction the handler closed itself. Everything else (a transient
+// SQLSTATE, a broken connection, a class this cannot place) is the
+// database's, as the inbox has always treated its own statements: wedging is
+// then visible (warnings, no progress), skipping an event would not be.
+func classifyOwn(err error) fault {
+	switch {
+	case errors.Is(err, pgx.ErrTxCommitRollback), errors.Is(err, pgx.ErrTxClosed):
+		return faultRecord
+	}
+	if code := sqlState(err); code != "" && recordState(code) {
+		return faultRecord
+	}
+	return faultDB
+}
+
+// MaxIDBytes is the longest id header the inbox accepts. A longer one is
+// dead-lettered at once: PostgreSQL's btree refuses an index entry over about
+// 2.7 kB (54000), and an id that long is not an event id.
+const MaxIDBytes = 1024
+
+// validateID returns why id cannot be deduplicated, or nil. PostgreSQL text
+// cannot hold a NUL byte and refuses invalid UTF-8 (22021) in a UTF-8
+// database; checking first gives the dead letter a clear reason and never
+// sends the database a statement that fails for the record. The reasons do
+// not quote the id: it is in the record's id header, and may be long.
+func validateID(id string) error {
+	switch {
+	case id == "":
+		return errors.New("record has no id header: it cannot be deduplicated")
+	case len(id) > MaxIDBytes:
+		return fmt.Errorf("id header is %d bytes, more than the %d bytes the inbox keeps: it cannot be deduplicated", len(id), MaxIDBytes)
+	case strings.IndexByte(id, 0) >= 0:
+		return errors.New("id header contains a NUL byte, which PostgreSQL text cannot hold: it cannot be deduplicated")
+	case !utf8.ValidString(id):
+		return errors.New("id header is not valid UTF-8: it cannot be deduplicated")
+	}
+	return nil
+}

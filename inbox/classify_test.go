@@ -1,0 +1,69 @@
+package inbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func pgErr(code string) error {
+	return fmt.Errorf("insert processed id: %w", &pgconn.PgError{Code: code, Message: "test"})
+}
+
+// TestClassifyOwn: the inbox's own statements fail for the record on the
+// record-class SQLSTATEs and a COMMIT that rolled back, for the database on
+// everything else.
+func TestClassifyOwn(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want fault
+	}{
+		{"NUL byte or bad UTF-8", pgErr("22021"), faultRecord},
+		{"value too long", pgErr("22001"), faultRecord},
+		{"deferred unique violation at commit", pgErr("23505"), faultRecord},
+		{"undefined column", pgErr("42703"), faultRecord},
+		{"index row too large", pgErr("54000"), faultRecord},
+		{"commit answered rollback", fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback), faultRecord},
+		{"handler closed the transaction", fmt.Errorf("commit: %w", pgx.ErrTxClosed), faultRecord},
+		{"connection failure", pgErr("08006"), faultDB},
+		{"serialization failure", pgErr("40001"), faultDB},
+		{"deadlock", pgErr("40P01"), faultDB},
+		{"disk full", pgErr("53100"), faultDB},
+		{"statement timeout", pgErr("57014"), faultDB},
+		{"admin shutdown", pgErr("57P01"), faultDB},
+		{"lock timeout", pgErr("55P03"), faultDB},
+		{"object in use (not 55P03)", pgErr("55006"), faultDB},
+		{"internal error", pgErr("XX000"), faultDB},
+		{"network error", errors.New("read tcp: connection reset by peer"), faultDB},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := classifyOwn(c.err); got != c.want {
+				t.Errorf("classifyOwn(%v) = %v, want %v", c.err, got, c.want)
+			}
+		})
+	}
+}
+
+func TestValidateID(t *testing.T) {
+	for _, c := range []struct {
+		id, want string
+	}{
+		{"0f8fad5b-d9cb-469f-a165-70867728950e", ""},
+		{"ünïcode-ok", ""},
+		{strings.Repeat("x", MaxIDBytes), ""},
+		{"", "no id header"},
+		{strings.Repeat("x", MaxIDBytes+1), "bytes"},
+		{"a\x00b", "NUL"},
+		{"a\xffb", "UTF-8"},
+	} {
+		err := validateID(c.id)
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("validateID(%q) = %v, want %q", c.id[:min(len(c.id), 20)], err, c.want)
+		}
+	}
+}

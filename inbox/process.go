@@ -1,0 +1,174 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// outcome is how one attempt at a record ended.
+type outcome int
+
+const (
+	applied   outcome = iota + 1 // the handler's work and the processed id committed
+	duplicate                    // the id was already processed: skipped
+	failed                       // see result.err and result.fault
+)
+
+// result is the end of one attempt.
+type result struct {
+	outcome outcome
+	fault   fault // when failed: whose fault, which decides retry or attempt
+	err     error // when failed: why
+}
+
+func failure(f fault, err error) result { return result{outcome: failed, fault: f, err: err} }
+
+// handle processes one record to its end (processed, duplicate or
+// dead-lettered); it returns an error only when ctx is done.
+func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
+	id := Header(rec, "id")
+	if err := validateID(id); err != nil {
+		// Not even the dead-letter mark can hold this id: dead-letter it
+		// unmarked (a redelivery is dead-lettered again).
+		return c.deadLetter(ctx, rec, "", err, 0)
+	}
+	backoff := c.cfg.RetryBackoff
+	attempts := 0
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		res := c.try(ctx, rec, id)
+		switch {
+		case res.outcome == duplicate:
+			c.duplicates.Add(1)
+			c.log.Info("duplicate delivery skipped", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
+			return nil
+		case res.outcome == applied:
+			c.processed.Add(1)
+			return nil
+		case res.fault == faultDB:
+			c.log.Warn("inbox transaction failed; retrying", "id", id, "topic", rec.Topic, "err", res.err)
+		default:
+			attempts++
+			if errors.Is(res.err, ErrPermanent) || attempts >= c.cfg.MaxAttempts {
+				return c.deadLetter(ctx, rec, id, res.err, attempts)
+			}
+			c.retries.Add(1)
+			c.log.Warn("record failed; retrying", "id", id, "topic", rec.Topic, "attempt", attempts, "err", res.err)
+		}
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+const insertSQL = `INSERT INTO %s (consumer, id, topic, kafka_partition, kafka_offset, outcome)
+VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (consumer, id) DO NOTHING`
+
+// try runs one attempt in one transaction.
+func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) result {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return failure(faultDB, fmt.Errorf("begin: %w", err))
+	}
+	defer rollback(ctx, tx)
+	// A concurrent transaction inserting the same id (another member after
+	// a rebalance) makes this INSERT wait for it; if it commits, this one
+	// inserts nothing and the record is a duplicate.
+	tag, err := tx.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "processed")
+	if err != nil {
+		return failure(classifyOwn(err), fmt.Errorf("insert processed id: %w", err))
+	}
+	if tag.RowsAffected() == 0 {
+		return result{outcome: duplicate}
+	}
+	if herr := c.h(ctx, tx, rec); herr != nil {
+		if tx.Conn().IsClosed() {
+			return failure(faultDB, fmt.Errorf("handler: connection lost: %w", herr))
+		}
+		return failure(faultRecord, herr)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// The outcome is unknown if the connection broke during COMMIT;
+		// the retry finds the id if it did commit.
+		err = fmt.Errorf("commit: %w", err)
+		if errors.Is(err, pgx.ErrTxCommitRollback) {
+			err = fmt.Errorf("%w (a statement of the handler failed and the handler returned nil)", err)
+		}
+		return failure(classifyOwn(err), err)
+	}
+	return result{outcome: applied}
+}
+
+// rollback ends tx if it is still open (a no-op after Commit), with a
+// context of its own so that a done ctx does not leave it to the pool.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(rctx) // an error here closes the connection; the next attempt takes another
+}
+
+// deadLetter sends rec to the DLQ topic with the reason, then marks its id
+// processed (when id is not "": an id the table cannot hold is not marked),
+// retrying both until they succeed (or ctx is done). A crash between the two
+// sends it to the DLQ again on redelivery: at-least-once there too.
+func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, id string, reason error, attempts int) error {
+	dl := &kgo.Record{
+		Topic: c.cfg.DLQTopic, Key: rec.Key, Value: rec.Value,
+		Headers: append(append([]kgo.RecordHeader(nil), rec.Headers...),
+			kgo.RecordHeader{Key: "inbox.error", Value: []byte(reason.Error())},
+			kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(attempts))},
+			kgo.RecordHeader{Key: "inbox.consumer", Value: []byte(c.cfg.Group)},
+			kgo.RecordHeader{Key: "inbox.source.topic", Value: []byte(rec.Topic)},
+			kgo.RecordHeader{Key: "inbox.source.partition", Value: []byte(strconv.Itoa(int(rec.Partition)))},
+			kgo.RecordHeader{Key: "inbox.source.offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
+		),
+	}
+	backoff := c.cfg.RetryBackoff
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := c.cl.ProduceSync(pctx, dl).FirstErr()
+		cancel()
+		if err == nil {
+			break
+		}
+		c.log.Warn("dead-letter produce failed; retrying", "id", id, "topic", c.cfg.DLQTopic, "err", err)
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	c.deadLettered.Add(1)
+	c.log.Error("record dead-lettered", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+		"attempts", attempts, "dlq", c.cfg.DLQTopic, "err", reason)
+	if id == "" {
+		return nil
+	}
+	backoff = c.cfg.RetryBackoff
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		_, err := c.db.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "dead-lettered")
+		if err == nil {
+			return nil
+		}
+		if classifyOwn(err) == faultRecord {
+			// The table refuses this id for good (validateID let through
+			// something the database will not store): the record is in the
+			// DLQ, unmarked; a redelivery is dead-lettered again.
+			c.log.Error("the dead-lettered id cannot be marked; a redelivery is dead-lettered again", "id", id, "err", err)
+			return nil
+		}
+		c.log.Warn("marking a dead-lettered id failed; retrying", "id", id, "err", err)
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
