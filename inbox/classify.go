@@ -105,6 +105,27 @@ func classifyOwn(err error) fault {
 	return faultDB
 }
 
+// classifyHandler classifies an error the handler returned. A transient
+// SQLSTATE is the database's even though the handler raised it: a lock or
+// statement timeout, a deadlock or a serialization failure says nothing about
+// the record, and dead-lettering it would mark a real event done after one
+// contention episode. So is an error that pgconn says never reached the
+// server. An error wrapped with Permanent is the record's whatever it wraps
+// (the handler has decided); so is anything else, the handler's own verdict
+// on the record included.
+func classifyHandler(err error) fault {
+	if errors.Is(err, ErrPermanent) {
+		return faultRecord
+	}
+	if code := sqlState(err); code != "" && transientState(code) {
+		return faultDB
+	}
+	if pgconn.SafeToRetry(err) {
+		return faultDB
+	}
+	return faultRecord
+}
+
 // MaxIDBytes is the longest id header the inbox accepts. A longer one is
 // dead-lettered at once: PostgreSQL's btree refuses an index entry over about
 // 2.7 kB (54000), and an id that long is not an event id.

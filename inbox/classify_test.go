@@ -67,3 +67,29 @@ func TestValidateID(t *testing.T) {
 		}
 	}
 }
+
+// TestClassifyHandler: a transient SQLSTATE the handler raised is the
+// database's; Permanent and anything else are the record's.
+func TestClassifyHandler(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want fault
+	}{
+		{"lock timeout", pgErr("55P03"), faultDB},
+		{"statement timeout", pgErr("57014"), faultDB},
+		{"deadlock", pgErr("40P01"), faultDB},
+		{"serialization failure", pgErr("40001"), faultDB},
+		{"too many connections", pgErr("53300"), faultDB},
+		{"unique violation", pgErr("23505"), faultRecord},
+		{"raise exception in a trigger", pgErr("P0001"), faultRecord},
+		{"the handler's verdict", errors.New("unknown currency"), faultRecord},
+		{"permanent wrapping a transient state", Permanent(pgErr("40001")), faultRecord},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := classifyHandler(c.err); got != c.want {
+				t.Errorf("classifyHandler(%v) = %v, want %v", c.err, got, c.want)
+			}
+		})
+	}
+}

@@ -92,7 +92,7 @@ func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) result {
 		if tx.Conn().IsClosed() {
 			return failure(faultDB, fmt.Errorf("handler: connection lost: %w", herr))
 		}
-		return failure(faultRecord, herr)
+		return failure(classifyHandler(herr), herr)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// The outcome is unknown if the connection broke during COMMIT;
