@@ -19,9 +19,12 @@
 // Failures of the database or of Kafka itself are not the record's fault and
 // are retried without limit (with backoff), never dead-lettered.
 //
-// Processed ids are deleted after Retention (default 72h). A duplicate that
-// arrives later than that is processed again: keep Retention longer than the
-// longest redelivery window (relay outage plus consumer lag).
+// Processed ids are deleted after Retention (default DefaultRetention, 20
+// days). A duplicate that arrives later than that is processed again: keep
+// Retention longer than the duplicate window, which is not only relay outage
+// plus consumer lag but also the outbox row lifetime (the connector's
+// initial snapshot republishes the table) plus the topic's retention (a
+// consumer that lost its offsets reads the topic again); see Window.
 //
 // Records of one partition are handled in order, one at a time; partitions
 // of one poll are handled concurrently.
@@ -75,7 +78,10 @@ type Config struct {
 	// RetryBackoff is the first wait between attempts, doubled up to 5s
 	// (default 100ms).
 	RetryBackoff time.Duration
-	// Retention is how long processed ids are kept (default 72h).
+	// Retention is how long processed ids are kept (default
+	// DefaultRetention, 20 days): longer than the duplicate window (see
+	// Window), or a late duplicate is processed again. New warns when it is
+	// not longer than DefaultWindow's bound.
 	Retention time.Duration
 	// CleanupInterval is how often expired ids are deleted (default 1m).
 	CleanupInterval time.Duration
@@ -150,9 +156,7 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 	if cfg.RetryBackoff <= 0 {
 		cfg.RetryBackoff = 100 * time.Millisecond
 	}
-	if cfg.Retention <= 0 {
-		cfg.Retention = 72 * time.Hour
-	}
+	cfg.Retention = retentionOrDefault(cfg.Retention, cfg.Logger) // DefaultRetention; warns inside the duplicate window
 	if cfg.CleanupInterval <= 0 {
 		cfg.CleanupInterval = time.Minute
 	}

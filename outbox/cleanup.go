@@ -21,6 +21,9 @@ type Cleaner struct {
 	// Table is the outbox table (default "public.outbox").
 	Table string
 	// Retention: rows whose created_at is older are deleted (default 24h).
+	// The connector's initial snapshot republishes every row still there,
+	// so the consumers' inbox must keep ids longer than this (plus the time
+	// between runs) plus the topic's retention (inbox.Window.OutboxRows).
 	Retention time.Duration
 	// BatchSize is the number of rows per DELETE (default 1000).
 	BatchSize int

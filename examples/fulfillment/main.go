@@ -45,7 +45,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	b.String(&brokers, "kafka-brokers", "OUTBOX_KAFKA_BROKERS", "", "Kafka bootstrap brokers, comma-separated")
 	b.String(&group, "group", "FULFILLMENT_GROUP", "fulfillment", "consumer group (and dedupe scope)")
 	b.String(&dlq, "dlq-topic", "FULFILLMENT_DLQ_TOPIC", "fulfillment.dlq", "topic for events that keep failing")
-	b.Duration(&retention, "inbox-retention", "FULFILLMENT_INBOX_RETENTION", 72*time.Hour, "how long processed event ids are kept")
+	b.Duration(&retention, "inbox-retention", "FULFILLMENT_INBOX_RETENTION", inbox.DefaultRetention, "how long processed event ids are kept (longer than the duplicate window)")
 	if err := b.Err(); err != nil {
 		return err
 	}

@@ -50,7 +50,11 @@ type Config struct {
 	// Retention: a partition is dropped once its day ended more than
 	// Retention ago (default 72h). Keep it longer than the relay's worst lag
 	// if the rows are to stay readable during an incident; events are never
-	// lost by a drop (the relay reads them from the WAL).
+	// lost by a drop (the relay reads them from the WAL). A row lives up to
+	// Retention plus its day (plus the time between runs), and the
+	// connector's initial snapshot republishes every row still there: the
+	// consumers' inbox must keep ids longer than that plus the topic's
+	// retention (inbox.Window.OutboxRows; 96h with this default).
 	Retention time.Duration
 	// Ahead is the number of days after today to create (default 2), so
 	// that a maintenance run that fails for a day does not send inserts to
