@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -88,7 +89,7 @@ func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) result {
 	if tag.RowsAffected() == 0 {
 		return result{outcome: duplicate}
 	}
-	if herr := c.h(ctx, tx, rec); herr != nil {
+	if herr := c.call(ctx, tx, rec, id); herr != nil {
 		if tx.Conn().IsClosed() {
 			return failure(faultDB, fmt.Errorf("handler: connection lost: %w", herr))
 		}
@@ -104,6 +105,21 @@ func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) result {
 		return failure(classifyOwn(err), err)
 	}
 	return result{outcome: applied}
+}
+
+// call runs the handler, turning a panic into an error: a panic is the
+// record's fault like any other handler failure (it counts as an attempt and
+// dead-letters the record after MaxAttempts) instead of crashing the member,
+// which would be redelivered the record and panic again, then the next owner.
+func (c *Consumer) call(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("handler panicked", "id", id, "topic", rec.Topic, "partition", rec.Partition,
+				"offset", rec.Offset, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return c.h(ctx, tx, rec)
 }
 
 // rollback ends tx if it is still open (a no-op after Commit), with a
