@@ -3,9 +3,13 @@
 // (after a relay crash, a producer retry, a consumer rebalance). For each
 // record the Consumer, in one database transaction,
 //
-//  1. inserts the record's event id (the `id` header) into a processed-events
-//     table; if the id is already there, the record is a duplicate and is
-//     skipped without calling the handler;
+//  1. inserts the record's event id (the `id` header) and a hash of its
+//     payload into a processed-events table; if the id is already there with
+//     the same payload, the record is a duplicate and is skipped without
+//     calling the handler; with another payload, it is another event reusing
+//     the id and is dead-lettered (never skipped), counted in
+//     inbox_id_reused_total. Event ids must be unique: the inbox applies
+//     one event per id;
 //  2. runs the handler with that transaction, so the business effect and the
 //     "processed" mark commit together or not at all;
 //
@@ -43,6 +47,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -89,6 +94,9 @@ type Config struct {
 	CleanupBatch int
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// Registerer, when set, gets the Consumer's metrics (inbox_*_total
+	// with the label group; see Stats). Default: none.
+	Registerer prometheus.Registerer
 }
 
 // Stats are counters since the Consumer started.
@@ -96,8 +104,15 @@ type Stats struct {
 	Processed    int64 // handler committed
 	Duplicates   int64 // skipped: id already processed
 	DeadLettered int64 // sent to the DLQ topic
-	Retries      int64 // handler attempts that failed and were retried
+	Retries      int64 // attempts that failed for the record and were retried
 	Cleaned      int64 // expired ids deleted
+	// IDReused counts records whose id was already processed with a
+	// different payload: each is dead-lettered (and counted in
+	// DeadLettered too), never skipped as a duplicate.
+	IDReused int64
+	// TransientRetries counts attempts that failed for the database (or
+	// the way to it) and were retried without counting towards MaxAttempts.
+	TransientRetries int64
 }
 
 // Consumer is an idempotent consumer; create it with New, run it with Run.
@@ -110,6 +125,7 @@ type Consumer struct {
 	log   *slog.Logger
 
 	processed, duplicates, deadLettered, retries, cleaned atomic.Int64
+	reused, transient                                     atomic.Int64
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -184,14 +200,20 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inbox: create Kafka client: %w", err)
 	}
-	return &Consumer{cfg: cfg, table: table, db: db, h: h, cl: cl,
-		log: cfg.Logger.With("component", "inbox", "group", cfg.Group)}, nil
+	c := &Consumer{cfg: cfg, table: table, db: db, h: h, cl: cl,
+		log: cfg.Logger.With("component", "inbox", "group", cfg.Group)}
+	if err := c.register(cfg.Registerer); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // Stats returns the counters.
 func (c *Consumer) Stats() Stats {
 	return Stats{Processed: c.processed.Load(), Duplicates: c.duplicates.Load(),
-		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Cleaned: c.cleaned.Load()}
+		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Cleaned: c.cleaned.Load(),
+		IDReused: c.reused.Load(), TransientRetries: c.transient.Load()}
 }
 
 // Client is the Consumer's franz-go client (for metrics or lag checks).

@@ -1,7 +1,9 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -17,7 +19,8 @@ type outcome int
 
 const (
 	applied   outcome = iota + 1 // the handler's work and the processed id committed
-	duplicate                    // the id was already processed: skipped
+	duplicate                    // the id was already processed with this payload: skipped
+	reused                       // the id was already processed with another payload: see result.err
 	failed                       // see result.err and result.fault
 )
 
@@ -25,7 +28,7 @@ const (
 type result struct {
 	outcome outcome
 	fault   fault // when failed: whose fault, which decides retry or attempt
-	err     error // when failed: why
+	err     error // when failed or reused: why
 }
 
 func failure(f fault, err error) result { return result{outcome: failed, fault: f, err: err} }
@@ -37,15 +40,16 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 	if err := validateID(id); err != nil {
 		// Not even the dead-letter mark can hold this id: dead-letter it
 		// unmarked (a redelivery is dead-lettered again).
-		return c.deadLetter(ctx, rec, "", err, 0)
+		return c.deadLetter(ctx, rec, letter{id: id, reason: err})
 	}
+	hash := payloadHash(rec.Value)
 	backoff := c.cfg.RetryBackoff
 	attempts := 0
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		res := c.try(ctx, rec, id)
+		res := c.try(ctx, rec, id, hash)
 		switch {
 		case res.outcome == duplicate:
 			c.duplicates.Add(1)
@@ -54,12 +58,17 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 		case res.outcome == applied:
 			c.processed.Add(1)
 			return nil
+		case res.outcome == reused:
+			// Not marked: the id stays the first payload's.
+			c.reused.Add(1)
+			return c.deadLetter(ctx, rec, letter{id: id, reason: res.err})
 		case res.fault == faultDB:
+			c.transient.Add(1)
 			c.log.Warn("inbox transaction failed; retrying", "id", id, "topic", rec.Topic, "err", res.err)
 		default:
 			attempts++
 			if errors.Is(res.err, ErrPermanent) || attempts >= c.cfg.MaxAttempts {
-				return c.deadLetter(ctx, rec, id, res.err, attempts)
+				return c.deadLetter(ctx, rec, letter{id: id, hash: hash, mark: true, reason: res.err, attempts: attempts})
 			}
 			c.retries.Add(1)
 			c.log.Warn("record failed; retrying", "id", id, "topic", rec.Topic, "attempt", attempts, "err", res.err)
@@ -69,11 +78,25 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 	}
 }
 
-const insertSQL = `INSERT INTO %s (consumer, id, topic, kafka_partition, kafka_offset, outcome)
-VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (consumer, id) DO NOTHING`
+const (
+	insertSQL = `INSERT INTO %s (consumer, id, topic, kafka_partition, kafka_offset, outcome, payload_sha256)
+VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer, id) DO NOTHING`
+	// In READ COMMITTED this statement sees the row that made the INSERT
+	// do nothing, also when it was committed by a concurrent transaction
+	// the INSERT waited for.
+	selectSQL = `SELECT outcome, payload_sha256 FROM %s WHERE consumer = $1 AND id = $2`
+)
+
+// payloadHash is what the table keeps of a record's payload (its value) to
+// tell a duplicate from another event reusing the id. Headers are left out:
+// a relay that republishes an event changes some (the lease token).
+func payloadHash(value []byte) []byte {
+	h := sha256.Sum256(value)
+	return h[:]
+}
 
 // try runs one attempt in one transaction.
-func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) result {
+func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string, hash []byte) result {
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
 		return failure(faultDB, fmt.Errorf("begin: %w", err))
@@ -82,12 +105,12 @@ func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) result {
 	// A concurrent transaction inserting the same id (another member after
 	// a rebalance) makes this INSERT wait for it; if it commits, this one
 	// inserts nothing and the record is a duplicate.
-	tag, err := tx.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "processed")
+	tag, err := tx.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "processed", hash)
 	if err != nil {
 		return failure(classifyOwn(err), fmt.Errorf("insert processed id: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
-		return result{outcome: duplicate}
+		return c.seen(ctx, tx, id, hash)
 	}
 	if herr := c.call(ctx, tx, rec, id); herr != nil {
 		if tx.Conn().IsClosed() {
@@ -105,6 +128,29 @@ func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string) result {
 		return failure(classifyOwn(err), err)
 	}
 	return result{outcome: applied}
+}
+
+// seen says what a record whose id is already in the table is: a duplicate
+// when the stored payload hash is its own (or unknown: a row written before
+// the column existed), another event reusing the id otherwise.
+func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, id string, hash []byte) result {
+	var outcome string
+	var stored []byte
+	err := tx.QueryRow(ctx, fmt.Sprintf(selectSQL, c.table), c.cfg.Group, id).Scan(&outcome, &stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Deleted between the two statements (Cleanup, an operator): the
+		// next attempt inserts it.
+		return failure(faultDB, fmt.Errorf("processed id %q vanished while read; retrying", id))
+	}
+	if err != nil {
+		return failure(classifyOwn(err), fmt.Errorf("read processed id: %w", err))
+	}
+	if stored != nil && !bytes.Equal(stored, hash) {
+		return result{outcome: reused, err: fmt.Errorf(
+			"id %q was already %s with a different payload (sha256 %x, this record's %x): event ids must be unique; not applied",
+			id, outcome, stored, hash)}
+	}
+	return result{outcome: duplicate}
 }
 
 // call runs the handler, turning a panic into an error: a panic is the
@@ -130,16 +176,27 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	_ = tx.Rollback(rctx) // an error here closes the connection; the next attempt takes another
 }
 
+// letter is a dead letter to send: the reason and, when mark, the id and
+// payload hash to mark dead-lettered in the table (an id the table cannot
+// hold, or one another payload already holds, is not marked).
+type letter struct {
+	id       string
+	hash     []byte
+	mark     bool
+	reason   error
+	attempts int
+}
+
 // deadLetter sends rec to the DLQ topic with the reason, then marks its id
-// processed (when id is not "": an id the table cannot hold is not marked),
-// retrying both until they succeed (or ctx is done). A crash between the two
-// sends it to the DLQ again on redelivery: at-least-once there too.
-func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, id string, reason error, attempts int) error {
+// dead-lettered (when l.mark), retrying both until they succeed (or ctx is
+// done). A crash between the two sends it to the DLQ again on redelivery:
+// at-least-once there too.
+func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) error {
 	dl := &kgo.Record{
 		Topic: c.cfg.DLQTopic, Key: rec.Key, Value: rec.Value,
 		Headers: append(append([]kgo.RecordHeader(nil), rec.Headers...),
-			kgo.RecordHeader{Key: "inbox.error", Value: []byte(reason.Error())},
-			kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(attempts))},
+			kgo.RecordHeader{Key: "inbox.error", Value: []byte(l.reason.Error())},
+			kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(l.attempts))},
 			kgo.RecordHeader{Key: "inbox.consumer", Value: []byte(c.cfg.Group)},
 			kgo.RecordHeader{Key: "inbox.source.topic", Value: []byte(rec.Topic)},
 			kgo.RecordHeader{Key: "inbox.source.partition", Value: []byte(strconv.Itoa(int(rec.Partition)))},
@@ -157,14 +214,14 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, id string, r
 		if err == nil {
 			break
 		}
-		c.log.Warn("dead-letter produce failed; retrying", "id", id, "topic", c.cfg.DLQTopic, "err", err)
+		c.log.Warn("dead-letter produce failed; retrying", "id", l.id, "topic", c.cfg.DLQTopic, "err", err)
 		sleep(ctx, backoff)
 		backoff = min(backoff*2, 5*time.Second)
 	}
 	c.deadLettered.Add(1)
-	c.log.Error("record dead-lettered", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
-		"attempts", attempts, "dlq", c.cfg.DLQTopic, "err", reason)
-	if id == "" {
+	c.log.Error("record dead-lettered", "id", l.id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+		"attempts", l.attempts, "dlq", c.cfg.DLQTopic, "err", l.reason)
+	if !l.mark {
 		return nil
 	}
 	backoff = c.cfg.RetryBackoff
@@ -172,7 +229,7 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, id string, r
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		_, err := c.db.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "dead-lettered")
+		_, err := c.db.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, l.id, rec.Topic, rec.Partition, rec.Offset, "dead-lettered", l.hash)
 		if err == nil {
 			return nil
 		}
@@ -180,10 +237,10 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, id string, r
 			// The table refuses this id for good (validateID let through
 			// something the database will not store): the record is in the
 			// DLQ, unmarked; a redelivery is dead-lettered again.
-			c.log.Error("the dead-lettered id cannot be marked; a redelivery is dead-lettered again", "id", id, "err", err)
+			c.log.Error("the dead-lettered id cannot be marked; a redelivery is dead-lettered again", "id", l.id, "err", err)
 			return nil
 		}
-		c.log.Warn("marking a dead-lettered id failed; retrying", "id", id, "err", err)
+		c.log.Warn("marking a dead-lettered id failed; retrying", "id", l.id, "err", err)
 		sleep(ctx, backoff)
 		backoff = min(backoff*2, 5*time.Second)
 	}

@@ -10,8 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Schema creates the processed-events table; %[1]s is the quoted table
-// name and %[2]s a name for its index. EnsureSchema applies it.
+// Schema creates the processed-events table, or brings one created by an
+// earlier version up to date (adding columns only); %[1]s is the quoted
+// table name and %[2]s a name for its index. EnsureSchema applies it.
 const Schema = `CREATE TABLE IF NOT EXISTS %[1]s (
     consumer        text        NOT NULL,   -- the consumer group: the dedupe scope
     id              text        NOT NULL,   -- the event id (the id header)
@@ -20,8 +21,12 @@ const Schema = `CREATE TABLE IF NOT EXISTS %[1]s (
     kafka_offset    bigint      NOT NULL,
     outcome         text        NOT NULL,   -- processed | dead-lettered
     processed_at    timestamptz NOT NULL DEFAULT now(),
+    payload_sha256  bytea,                  -- SHA-256 of the record value; NULL in rows written before it existed
     PRIMARY KEY (consumer, id)
 );
+-- Tables created before payload_sha256 existed get it; their rows keep NULL
+-- (a repeat of such an id is a duplicate, whatever its payload).
+ALTER TABLE %[1]s ADD COLUMN IF NOT EXISTS payload_sha256 bytea;
 CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (processed_at);`
 
 // Execer is what EnsureSchema and Cleanup need: *pgxpool.Pool, *pgx.Conn.
