@@ -489,6 +489,9 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 			// An insert named by a partition of the outbox stops the stream
 			// (a publication without publish_via_partition_root).
 			IsOutboxPartition: wal.OutboxPartitionOf(pool, r.schema, r.table),
+			// And so does one with the partitioned outbox's columns that is
+			// no partition now (detached or dropped since the insert).
+			OutboxColumns: wal.OutboxColumnsOf(pool, r.schema, r.table),
 			Counters: wal.Counters{
 				Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
 				Refused: r.metrics.Refused.Inc,

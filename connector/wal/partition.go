@@ -29,7 +29,8 @@ const partitionLookupTimeout = 10 * time.Second
 // OutboxPartitionOf returns a Stream.IsOutboxPartition that asks q, a
 // normal (not replication) connection or pool, whether a relation is a
 // partition of schema.table. It reads the catalog as it is now: a partition
-// dropped or detached since the insert was written is no longer one.
+// dropped or detached since the insert was written is no longer one
+// (OutboxColumnsOf catches those).
 func OutboxPartitionOf(q Querier, schema, table string) func(ctx context.Context, relID uint32) (bool, error) {
 	return func(ctx context.Context, relID uint32) (bool, error) {
 		ctx, cancel := context.WithTimeout(ctx, partitionLookupTimeout)
@@ -40,4 +41,59 @@ func OutboxPartitionOf(q Querier, schema, table string) func(ctx context.Context
 		}
 		return is, nil
 	}
+}
+
+// queryOutboxColumns reads the columns of the outbox table ($1.$2), as
+// pgoutput sends them (not dropped, not generated), when it is partitioned:
+// no row otherwise. (array_agg of no rows is NULL, so an outbox that is not
+// partitioned gives one row of NULLs.)
+const queryOutboxColumns = `
+SELECT array_agg(a.attname::text ORDER BY a.attnum), array_agg(a.atttypid::int8 ORDER BY a.attnum)
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'p'
+  AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''`
+
+// OutboxColumnsOf returns a Stream.OutboxColumns that asks q, a normal (not
+// replication) connection or pool, for the columns of schema.table when it
+// is a partitioned table, and for none when it is not: a plain outbox has
+// no partition to lose, and a table with its columns is another table.
+func OutboxColumnsOf(q Querier, schema, table string) func(ctx context.Context) ([]RelationColumn, error) {
+	return func(ctx context.Context) ([]RelationColumn, error) {
+		ctx, cancel := context.WithTimeout(ctx, partitionLookupTimeout)
+		defer cancel()
+		var names []string
+		var types []int64
+		if err := q.QueryRow(ctx, queryOutboxColumns, schema, table).Scan(&names, &types); err != nil {
+			return nil, fmt.Errorf("read the columns of the outbox table %s.%s: %w", schema, table, err)
+		}
+		if len(names) != len(types) {
+			return nil, fmt.Errorf("read the columns of the outbox table %s.%s: %d names, %d types", schema, table, len(names), len(types))
+		}
+		cols := make([]RelationColumn, len(names))
+		for i := range names {
+			cols[i] = RelationColumn{Name: names[i], Type: uint32(types[i])}
+		}
+		return cols, nil
+	}
+}
+
+// sameColumns reports whether a relation has exactly the outbox's columns:
+// the same names, each of the same type, in any order (a table attached as
+// a partition may order its columns otherwise than the parent does).
+// Modifiers are not compared: a partition's are its parent's.
+func sameColumns(rel, outbox []RelationColumn) bool {
+	if len(outbox) == 0 || len(rel) != len(outbox) {
+		return false
+	}
+	types := make(map[string]uint32, len(outbox))
+	for _, c := range outbox {
+		types[c.Name] = c.Type
+	}
+	for _, c := range rel {
+		if t, ok := types[c.Name]; !ok || t != c.Type {
+			return false
+		}
+		delete(types, c.Name) // a name listed twice does not count twice
+	}
+	return len(types) == 0
 }

@@ -76,6 +76,17 @@ type Stream struct {
 	// once per Relation message. Nil: never asked, every other relation is
 	// another table.
 	IsOutboxPartition func(ctx context.Context, relID uint32) (bool, error)
+	// OutboxColumns returns the columns of the outbox table when it is
+	// partitioned, none when it is not (OutboxColumnsOf). The catalog that
+	// IsOutboxPartition reads is today's: a partition detached or dropped
+	// after the insert was written is no partition of the outbox any more,
+	// and its inserts would be counted as another table's, confirmed
+	// unpublished. So a relation that is not a partition of the outbox now
+	// but has exactly the partitioned outbox's columns stops the stream too
+	// (fail closed: it may be another table with the outbox's columns, and
+	// the error says what to do then). Asked after IsOutboxPartition said
+	// no, once per Relation message. Nil: never asked.
+	OutboxColumns func(ctx context.Context) ([]RelationColumn, error)
 
 	rels          map[uint32]*relation
 	cols          []TupleColumn
@@ -95,9 +106,10 @@ type Stream struct {
 type relation struct {
 	*Relation
 	outbox bool
-	// checked says whether IsOutboxPartition was asked; partition is its
-	// answer.
-	checked, partition bool
+	// checked says whether IsOutboxPartition (and OutboxColumns) were
+	// asked; partition is the first's answer, lookalike whether a relation
+	// that is not a partition has the outbox's columns.
+	checked, partition, lookalike bool
 }
 
 var outboxPrefix = []byte("outbox")
@@ -350,10 +362,11 @@ func (s *Stream) handleMessage(ctx context.Context, lsn uint64, b []byte) error 
 }
 
 // refusePartition returns a FatalError for an insert into a partition of
-// the outbox (see IsOutboxPartition). It returns before the insert is
-// handed on and with its transaction still open: the tracker acks nothing
-// from that transaction on, so nothing of it or after it is confirmed, and
-// the next start reads it again.
+// the outbox (see IsOutboxPartition), or into a relation that may have been
+// one (see OutboxColumns). It returns before the insert is handed on and
+// with its transaction still open: the tracker acks nothing from that
+// transaction on, so nothing of it or after it is confirmed, and the next
+// start reads it again.
 func (s *Stream) refusePartition(ctx context.Context, rel *relation) error {
 	if s.IsOutboxPartition == nil {
 		return nil
@@ -363,7 +376,25 @@ func (s *Stream) refusePartition(ctx context.Context, rel *relation) error {
 		if err != nil {
 			return fmt.Errorf("find whether %s.%s, which an insert of slot %q names, is a partition of %s.%s: %w", rel.Namespace, rel.Name, s.Slot, s.Schema, s.Table, err)
 		}
-		rel.checked, rel.partition = true, is
+		lookalike := false
+		if !is && s.OutboxColumns != nil {
+			cols, err := s.OutboxColumns(ctx)
+			if err != nil {
+				return fmt.Errorf("find whether %s.%s, which an insert of slot %q names, was a partition of %s.%s: %w", rel.Namespace, rel.Name, s.Slot, s.Schema, s.Table, err)
+			}
+			lookalike = sameColumns(rel.Columns, cols)
+		}
+		rel.checked, rel.partition, rel.lookalike = true, is, lookalike
+	}
+	if rel.lookalike {
+		return Fatalf("slot %q sent an insert into %s.%s (relation %d; transaction committed at %s), which is not a partition of the partitioned outbox table %s.%s now but has exactly its columns: "+
+			"a partition of the outbox detached or dropped after the insert was written, while publication %q published the outbox's partitions as themselves (publish_via_partition_root off), or another table with the outbox's columns that the publication publishes. "+
+			"The connector stopped before confirming that transaction rather than skip what may be outbox events. "+
+			"If it was a partition: run ALTER PUBLICATION %s SET (publish_via_partition_root = true); PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so a transaction written before the fix stops the connector again; "+
+			"its events are in %s.%s if the partition was detached, and only in the slot if it was dropped. "+
+			"If it is another table: publish only the outbox in %q (ALTER PUBLICATION %s SET TABLE %s;), or give the connector a publication of its own (OUTBOX_PUBLICATION)",
+			s.Slot, rel.Namespace, rel.Name, rel.ID, FormatLSN(s.begin.FinalLSN), s.Schema, s.Table, s.Publication, s.Publication, rel.Namespace, rel.Name,
+			s.Publication, s.Publication, pgx.Identifier{s.Schema, s.Table}.Sanitize())
 	}
 	if !rel.partition {
 		return nil
