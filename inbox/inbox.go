@@ -17,11 +17,28 @@
 // commit to Kafka. A crash anywhere repeats at most work that the table then
 // recognises. Processing OrderPlaced twice charges the card once.
 //
-// A record whose handler keeps failing (MaxAttempts times, or once with an
-// error wrapped by Permanent) goes to a consumer-side dead-letter topic with
-// the reason in headers, and is marked processed; the partition moves on.
-// Failures of the database or of Kafka itself are not the record's fault and
-// are retried without limit (with backoff), never dead-lettered.
+// A record that keeps failing for its own fault (MaxAttempts times, or once
+// with an error wrapped by Permanent) goes to a consumer-side dead-letter
+// topic with the reason in headers, and its id is marked dead-lettered; the
+// partition moves on. The record's fault is: an error the handler returns (a
+// panic included), a COMMIT that fails for the data (a deferred constraint,
+// or ROLLBACK because the handler ignored a failed statement), an id header
+// the table cannot hold (dead-lettered at once). Failures of the database or
+// of Kafka itself are not the record's fault and are retried without limit
+// (with backoff), never dead-lettered: a transient SQLSTATE (connection,
+// resources, operator intervention, serialization failure, deadlock, lock
+// timeout) counts as the database's even when the handler raised it.
+//
+// Order after a dead letter: the aggregate's later events are applied
+// without it (the inbox does not park an aggregate behind its dead letter),
+// and a redrive applies it after them, out of order. A handler whose events
+// must apply in order parks the aggregate itself instead of failing: it
+// tries the work in a savepoint (tx.Begin), and when that fails for the
+// record it stores the event in a parked table of its own and returns nil;
+// an event of an aggregate found there is stored behind it; resolving the
+// parked events applies them in order. To redrive a dead letter, publish the
+// DLQ record to its source topic, unchanged or as Redrive builds it: it
+// carries RedriveHeader, and the inbox applies a dead-lettered id once more.
 //
 // Processed ids are deleted after Retention (default DefaultRetention, 20
 // days). A duplicate that arrives later than that is processed again: keep
@@ -113,6 +130,9 @@ type Stats struct {
 	// TransientRetries counts attempts that failed for the database (or
 	// the way to it) and were retried without counting towards MaxAttempts.
 	TransientRetries int64
+	// Redriven counts dead-lettered ids taken back by a record carrying
+	// RedriveHeader (the handler then ran; see Processed for its commits).
+	Redriven int64
 }
 
 // Consumer is an idempotent consumer; create it with New, run it with Run.
@@ -125,7 +145,7 @@ type Consumer struct {
 	log   *slog.Logger
 
 	processed, duplicates, deadLettered, retries, cleaned atomic.Int64
-	reused, transient                                     atomic.Int64
+	reused, transient, redriven                           atomic.Int64
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -213,7 +233,7 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 func (c *Consumer) Stats() Stats {
 	return Stats{Processed: c.processed.Load(), Duplicates: c.duplicates.Load(),
 		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Cleaned: c.cleaned.Load(),
-		IDReused: c.reused.Load(), TransientRetries: c.transient.Load()}
+		IDReused: c.reused.Load(), TransientRetries: c.transient.Load(), Redriven: c.redriven.Load()}
 }
 
 // Client is the Consumer's franz-go client (for metrics or lag checks).

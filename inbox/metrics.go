@@ -16,11 +16,12 @@ import (
 //	inbox_id_reused_total       records whose id was processed with another payload (dead-lettered)
 //	inbox_retries_total{fault}  failed attempts retried: fault="record" (counts towards
 //	                            MaxAttempts) or "database" (retried without limit)
+//	inbox_redriven_total        dead-lettered ids taken back by a redrive
 //	inbox_cleaned_total         expired ids deleted
 type collector struct {
 	c                                                  *Consumer
 	processed, duplicates, deadLettered, reused, clean *prometheus.Desc
-	retries                                            *prometheus.Desc
+	retries, redriven                                  *prometheus.Desc
 }
 
 func newCollector(c *Consumer) *collector {
@@ -35,11 +36,12 @@ func newCollector(c *Consumer) *collector {
 		reused:       d("inbox_id_reused_total", "Records whose id was already processed with a different payload; each is dead-lettered, never skipped."),
 		retries:      d("inbox_retries_total", "Failed attempts retried, by whose fault: record (counts towards MaxAttempts) or database (retried without limit).", "fault"),
 		clean:        d("inbox_cleaned_total", "Expired processed ids deleted."),
+		redriven:     d("inbox_redriven_total", "Dead-lettered ids taken back by a record carrying the inbox.redrive header."),
 	}
 }
 
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.processed, m.duplicates, m.deadLettered, m.reused, m.retries, m.clean} {
+	for _, d := range []*prometheus.Desc{m.processed, m.duplicates, m.deadLettered, m.reused, m.retries, m.clean, m.redriven} {
 		ch <- d
 	}
 }
@@ -56,6 +58,7 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.retries, s.Retries, faultRecord.String())
 	counter(m.retries, s.TransientRetries, faultDB.String())
 	counter(m.clean, s.Cleaned)
+	counter(m.redriven, s.Redriven)
 }
 
 // register adds the Consumer's metrics to r (nothing when r is nil).

@@ -43,13 +43,14 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 		return c.deadLetter(ctx, rec, letter{id: id, reason: err})
 	}
 	hash := payloadHash(rec.Value)
+	redrive := Header(rec, RedriveHeader) == id
 	backoff := c.cfg.RetryBackoff
 	attempts := 0
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		res := c.try(ctx, rec, id, hash)
+		res := c.try(ctx, rec, id, hash, redrive)
 		switch {
 		case res.outcome == duplicate:
 			c.duplicates.Add(1)
@@ -85,6 +86,12 @@ VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer, id) DO NOTHING`
 	// do nothing, also when it was committed by a concurrent transaction
 	// the INSERT waited for.
 	selectSQL = `SELECT outcome, payload_sha256 FROM %s WHERE consumer = $1 AND id = $2`
+	// Takes a dead-lettered id back for a redrive. The row lock it holds
+	// until the transaction ends makes a concurrent copy of the redrive
+	// wait; that copy's WHERE then finds the outcome changed and updates
+	// nothing (and the next attempt sees a processed id: a duplicate).
+	redriveSQL = `UPDATE %s SET outcome = 'processed', topic = $3, kafka_partition = $4, kafka_offset = $5,
+	payload_sha256 = $6, processed_at = now() WHERE consumer = $1 AND id = $2 AND outcome = 'dead-lettered'`
 )
 
 // payloadHash is what the table keeps of a record's payload (its value) to
@@ -96,7 +103,7 @@ func payloadHash(value []byte) []byte {
 }
 
 // try runs one attempt in one transaction.
-func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string, hash []byte) result {
+func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string, hash []byte, redrive bool) result {
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
 		return failure(faultDB, fmt.Errorf("begin: %w", err))
@@ -110,7 +117,9 @@ func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string, hash []b
 		return failure(classifyOwn(err), fmt.Errorf("insert processed id: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
-		return c.seen(ctx, tx, id, hash)
+		if res, again := c.seen(ctx, tx, rec, id, hash, redrive); !again {
+			return res
+		}
 	}
 	if herr := c.call(ctx, tx, rec, id); herr != nil {
 		if tx.Conn().IsClosed() {
@@ -130,27 +139,43 @@ func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string, hash []b
 	return result{outcome: applied}
 }
 
-// seen says what a record whose id is already in the table is: a duplicate
-// when the stored payload hash is its own (or unknown: a row written before
-// the column existed), another event reusing the id otherwise.
-func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, id string, hash []byte) result {
+// seen says what a record whose id is already in the table is: a redrive
+// to apply (again is true: the id is taken back in tx) when the record
+// redrives an id that is dead-lettered; otherwise a duplicate when the
+// stored payload hash is its own (or unknown: a row written before the
+// column existed), another event reusing the id when it is not.
+func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id string, hash []byte, redrive bool) (res result, again bool) {
 	var outcome string
 	var stored []byte
 	err := tx.QueryRow(ctx, fmt.Sprintf(selectSQL, c.table), c.cfg.Group, id).Scan(&outcome, &stored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Deleted between the two statements (Cleanup, an operator): the
 		// next attempt inserts it.
-		return failure(faultDB, fmt.Errorf("processed id %q vanished while read; retrying", id))
+		return failure(faultDB, fmt.Errorf("processed id %q vanished while read; retrying", id)), false
 	}
 	if err != nil {
-		return failure(classifyOwn(err), fmt.Errorf("read processed id: %w", err))
+		return failure(classifyOwn(err), fmt.Errorf("read processed id: %w", err)), false
+	}
+	if redrive && outcome == "dead-lettered" {
+		// The operator's call: the payload may have been corrected, so it
+		// is not compared, and its hash replaces the stored one.
+		tag, err := tx.Exec(ctx, fmt.Sprintf(redriveSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, hash)
+		if err != nil {
+			return failure(classifyOwn(err), fmt.Errorf("take back dead-lettered id for a redrive: %w", err)), false
+		}
+		if tag.RowsAffected() == 0 {
+			return failure(faultDB, fmt.Errorf("dead-lettered id %q changed while redriven; retrying", id)), false
+		}
+		c.redriven.Add(1)
+		c.log.Info("redriving a dead letter", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
+		return result{}, true
 	}
 	if stored != nil && !bytes.Equal(stored, hash) {
 		return result{outcome: reused, err: fmt.Errorf(
 			"id %q was already %s with a different payload (sha256 %x, this record's %x): event ids must be unique; not applied",
-			id, outcome, stored, hash)}
+			id, outcome, stored, hash)}, false
 	}
-	return result{outcome: duplicate}
+	return result{outcome: duplicate}, false
 }
 
 // call runs the handler, turning a panic into an error: a panic is the
@@ -192,9 +217,15 @@ type letter struct {
 // done). A crash between the two sends it to the DLQ again on redelivery:
 // at-least-once there too.
 func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) error {
+	headers := ownHeaders(rec.Headers)
+	if l.mark {
+		// Republished with this header (the DLQ record as it is, or
+		// Redrive's copy), the record is applied once more.
+		headers = append(headers, kgo.RecordHeader{Key: RedriveHeader, Value: []byte(l.id)})
+	}
 	dl := &kgo.Record{
 		Topic: c.cfg.DLQTopic, Key: rec.Key, Value: rec.Value,
-		Headers: append(append([]kgo.RecordHeader(nil), rec.Headers...),
+		Headers: append(headers,
 			kgo.RecordHeader{Key: "inbox.error", Value: []byte(l.reason.Error())},
 			kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(l.attempts))},
 			kgo.RecordHeader{Key: "inbox.consumer", Value: []byte(c.cfg.Group)},

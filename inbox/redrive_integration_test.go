@@ -1,0 +1,106 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/inbox"
+)
+
+// TestRedriveAppliesDeadLetter (issue 14 defect 4 and the per-aggregate
+// order it implies): a dead letter republished unchanged to its source topic
+// (the DLQ record's key, value and headers) is applied once; a second copy
+// (built by inbox.Redrive) is a duplicate; the aggregate's later event was
+// applied before it (the inbox does not park an aggregate behind its dead
+// letter). A dead letter the inbox could not mark (no id) is refused by
+// Redrive.
+func TestRedriveAppliesDeadLetter(t *testing.T) {
+	e := setup(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	h := func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
+		if string(r.Value) == "fixme" && broken.Load() {
+			return inbox.Permanent(errors.New("the handler cannot apply this yet"))
+		}
+		return effectHandler(ctx, tx, r)
+	}
+	var recs []*kgo.Record
+	for i, v := range []string{"ok", "fixme", "ok"} {
+		r := rec(fmt.Sprintf("ev-%d", i+1), v)
+		r.Key = []byte("order-1") // one aggregate: one partition, in order
+		recs = append(recs, r)
+	}
+	e.produce(t, recs...)
+	c, err := inbox.New(e.pool, h, e.quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	defer stop()
+	dlq := e.dlqReader(t)
+	var dead *kgo.Record
+	waitFor(t, "ev-2 dead-lettered", 30*time.Second, func() bool {
+		dead = byID(dlq.read())["ev-2"]
+		return dead != nil
+	})
+	waitFor(t, "ev-3 applied", 30*time.Second, func() bool { return effectsOf(t, e, "ev-3") == 1 })
+	broken.Store(false) // the handler is fixed; redrive the dead letter
+	redrive := func() {
+		r := &kgo.Record{Topic: inbox.Header(dead, "inbox.source.topic"), Key: dead.Key, Value: dead.Value,
+			Headers: append([]kgo.RecordHeader(nil), dead.Headers...)}
+		if err := e.prod.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redrive()
+	deadline := time.Now().Add(20 * time.Second)
+	for effectsOf(t, e, "ev-2") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the redriven dead letter ev-2 was not applied within 20s; stats %+v", c.Stats())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	again, err := inbox.Redrive(dead) // a second copy of the redrive is a duplicate
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Topic != e.topic || inbox.Header(again, inbox.RedriveHeader) != "ev-2" || inbox.Header(again, "inbox.error") != "" {
+		t.Errorf("Redrive: topic %q, headers %v; want the source topic, the redrive header, none of the dead letter's", again.Topic, again.Headers)
+	}
+	if err := e.prod.ProduceSync(context.Background(), again).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the second redrive handled", 20*time.Second, func() bool { return c.Stats().Duplicates >= 1 })
+	if n := effectsOf(t, e, "ev-2"); n != 1 {
+		t.Errorf("ev-2 applied %d times, want once", n)
+	}
+	if s := c.Stats(); s.Redriven != 1 || s.DeadLettered != 1 {
+		t.Errorf("stats %+v; want 1 redriven, 1 dead-lettered", s)
+	}
+	if n := count(t, e.pool, `SELECT count(*) FROM inbox WHERE id = 'ev-2' AND outcome = 'processed'`); n != 1 {
+		t.Errorf("ev-2 is not marked processed after its redrive")
+	}
+	if _, err := inbox.Redrive(&kgo.Record{Topic: e.dlq, Value: []byte("no id"),
+		Headers: []kgo.RecordHeader{{Key: "inbox.source.topic", Value: []byte(e.topic)}, {Key: "inbox.error", Value: []byte("no id")}}}); err == nil {
+		t.Error("Redrive accepted a dead letter without an id")
+	}
+	rows, err := e.pool.Query(context.Background(), `SELECT event_id FROM effects ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(order, ",") != "ev-1,ev-3,ev-2" {
+		t.Errorf("effects applied in order %v, want ev-1,ev-3,ev-2 (the later event goes on, the redrive comes last)", order)
+	}
+}
