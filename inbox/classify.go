@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // fault says whose fault a failed attempt is; it is the one place that
@@ -124,6 +125,21 @@ func classifyHandler(err error) fault {
 		return faultDB
 	}
 	return faultRecord
+}
+
+// refusedForGood reports whether a produce error will not pass on retry:
+// the record is larger than the client or the topic takes
+// (MESSAGE_TOO_LARGE, which franz-go also returns before sending when the
+// record exceeds ProducerBatchMaxBytes), or Kafka refused it with an error
+// it does not call retriable (an ACL denial, RECORD_LIST_TOO_LARGE,
+// INVALID_RECORD, POLICY_VIOLATION). Anything else (a timeout, a broker
+// away, a topic being created) is Kafka's state and passes.
+func refusedForGood(err error) bool {
+	if errors.Is(err, kerr.MessageTooLarge) {
+		return true
+	}
+	var ke *kerr.Error
+	return errors.As(err, &ke) && !ke.Retriable
 }
 
 // MaxIDBytes is the longest id header the inbox accepts. A longer one is

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 func pgErr(code string) error {
@@ -46,6 +48,30 @@ func TestClassifyOwn(t *testing.T) {
 				t.Errorf("classifyOwn(%v) = %v, want %v", c.err, got, c.want)
 			}
 		})
+	}
+}
+
+// TestRefusedForGood: a dead letter Kafka will never take (too large, an
+// ACL denial, invalid) stops the member; Kafka's passing state is retried.
+func TestRefusedForGood(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("%w (uncompressed_bytes=205025)", kerr.MessageTooLarge), true},
+		{kerr.TopicAuthorizationFailed, true},
+		{kerr.RecordListTooLarge, true},
+		{kerr.InvalidRecord, true},
+		{kerr.PolicyViolation, true},
+		{kerr.UnknownTopicOrPartition, false},
+		{kerr.NotLeaderForPartition, false},
+		{kerr.RequestTimedOut, false},
+		{context.DeadlineExceeded, false},
+		{errors.New("dial tcp: connection refused"), false},
+	} {
+		if got := refusedForGood(c.err); got != c.want {
+			t.Errorf("refusedForGood(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
 

@@ -27,7 +27,12 @@
 // of Kafka itself are not the record's fault and are retried without limit
 // (with backoff), never dead-lettered: a transient SQLSTATE (connection,
 // resources, operator intervention, serialization failure, deadlock, lock
-// timeout) counts as the database's even when the handler raised it.
+// timeout) counts as the database's even when the handler raised it. Each
+// attempt's transaction has TxTimeout (30s) to end; a handler it cuts has
+// failed an attempt. A dead letter Kafka refuses for good (too large for
+// the DLQ topic or the client, an ACL denial) is never skipped: after a few
+// tries Run returns an error wrapping ErrDeadLetterRefused, and the record
+// waits, unmarked and uncommitted, for a member that can send it.
 //
 // Order after a dead letter: the aggregate's later events are applied
 // without it (the inbox does not park an aggregate behind its dead letter),
@@ -100,6 +105,17 @@ type Config struct {
 	// RetryBackoff is the first wait between attempts, doubled up to 5s
 	// (default 100ms).
 	RetryBackoff time.Duration
+	// TxTimeout is the deadline of each attempt's transaction, the handler
+	// included (default 30s). A handler cut by it has failed an attempt
+	// (the inbox cannot tell a hung handler from a slow database): set
+	// lock_timeout or statement_timeout below it for database waits that
+	// must be retried without limit, which are transient. A handler that
+	// ignores its ctx cannot be cut; the inbox logs it.
+	TxTimeout time.Duration
+	// MaxPollRecords bounds the records taken per poll (default 500).
+	// Rebalances wait while a poll's records are handled, and the offsets
+	// are committed after each poll.
+	MaxPollRecords int
 	// Retention is how long processed ids are kept (default
 	// DefaultRetention, 20 days): longer than the duplicate window (see
 	// Window), or a late duplicate is processed again. New warns when it is
@@ -199,6 +215,12 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 	if cfg.CleanupBatch <= 0 {
 		cfg.CleanupBatch = 1000
 	}
+	if cfg.TxTimeout <= 0 {
+		cfg.TxTimeout = 30 * time.Second
+	}
+	if cfg.MaxPollRecords <= 0 {
+		cfg.MaxPollRecords = 500
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -240,16 +262,23 @@ func (c *Consumer) Stats() Stats {
 func (c *Consumer) Client() *kgo.Client { return c.cl }
 
 // Run consumes until ctx is done, then commits what was processed, leaves
-// the group and closes the client. It returns nil on cancellation.
+// the group and closes the client. It returns nil on cancellation, and an
+// error wrapping ErrDeadLetterRefused when Kafka refuses a dead letter for
+// good (after committing what was processed before it, which it leaves to
+// the next owner).
 func (c *Consumer) Run(ctx context.Context) error {
 	defer c.cl.Close() // leaves the group, committing marked offsets (franz-go's default revoke)
 	c.ensureDLQTopic(ctx)
+	cctx, stopCleanup := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); c.cleanupLoop(ctx) }()
+	go func() { defer wg.Done(); c.cleanupLoop(cctx) }()
 	defer wg.Wait()
+	defer stopCleanup() // before the Wait: also when Run stops on an error
 	for {
-		fs := c.cl.PollFetches(ctx)
+		// Bounded: rebalances wait until the records of a poll are done
+		// (BlockRebalanceOnPoll), as franz-go's documentation advises.
+		fs := c.cl.PollRecords(ctx, c.cfg.MaxPollRecords)
 		if ctx.Err() != nil {
 			c.cl.AllowRebalance()
 			c.commit(context.Background())
@@ -259,6 +288,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.log.Warn("fetch failed; retrying", "topic", topic, "partition", p, "err", err)
 		})
 		var pwg sync.WaitGroup
+		var stopOnce sync.Once
+		var stop error
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) == 0 {
 				return
@@ -268,7 +299,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 				defer pwg.Done()
 				for _, rec := range p.Records {
 					if err := c.handle(ctx, rec); err != nil {
-						return // ctx done: stop this partition, commit what is marked
+						// ctx done, or a dead letter Kafka refuses: stop
+						// this partition, commit what is marked.
+						if ctx.Err() == nil {
+							stopOnce.Do(func() { stop = err })
+						}
+						return
 					}
 					c.cl.MarkCommitRecords(rec)
 				}
@@ -277,6 +313,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		pwg.Wait()
 		c.commit(ctx)
 		c.cl.AllowRebalance()
+		if stop != nil {
+			c.log.Error("inbox member stopping", "err", stop)
+			return stop
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -102,8 +103,10 @@ func payloadHash(value []byte) []byte {
 	return h[:]
 }
 
-// try runs one attempt in one transaction.
-func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string, hash []byte, redrive bool) result {
+// try runs one attempt in one transaction, which has TxTimeout to end.
+func (c *Consumer) try(parent context.Context, rec *kgo.Record, id string, hash []byte, redrive bool) result {
+	ctx, cancel := context.WithTimeout(parent, c.cfg.TxTimeout)
+	defer cancel()
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
 		return failure(faultDB, fmt.Errorf("begin: %w", err))
@@ -121,7 +124,18 @@ func (c *Consumer) try(ctx context.Context, rec *kgo.Record, id string, hash []b
 			return res
 		}
 	}
-	if herr := c.call(ctx, tx, rec, id); herr != nil {
+	herr := c.call(ctx, tx, rec, id)
+	if ctx.Err() != nil && parent.Err() == nil {
+		// The deadline cut the handler (whatever it returned: the error
+		// of a statement cancelled, or nil after swallowing one). The
+		// inbox cannot tell a hung handler from a slow database here, so
+		// this counts as an attempt: a database wait that must be retried
+		// without limit should fail first with a lock_timeout or
+		// statement_timeout below TxTimeout, which are transient.
+		return failure(faultRecord, fmt.Errorf("the handler did not finish within TxTimeout (%s), the inbox transaction's deadline: %w",
+			c.cfg.TxTimeout, cmp.Or(herr, context.DeadlineExceeded)))
+	}
+	if herr != nil {
 		if tx.Conn().IsClosed() {
 			return failure(faultDB, fmt.Errorf("handler: connection lost: %w", herr))
 		}
@@ -183,6 +197,13 @@ func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 // dead-letters the record after MaxAttempts) instead of crashing the member,
 // which would be redelivered the record and panic again, then the next owner.
 func (c *Consumer) call(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id string) (err error) {
+	// A handler that ignores ctx cannot be stopped: say so, since the
+	// partition (and a rebalance) waits for it.
+	watch := time.AfterFunc(c.cfg.TxTimeout+handlerGrace, func() {
+		c.log.Error("the handler is still running past TxTimeout: it does not honour its ctx, and its partition waits for it",
+			"id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "tx_timeout", c.cfg.TxTimeout)
+	})
+	defer watch.Stop()
 	defer func() {
 		if p := recover(); p != nil {
 			c.log.Error("handler panicked", "id", id, "topic", rec.Topic, "partition", rec.Partition,
@@ -193,6 +214,10 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 	return c.h(ctx, tx, rec)
 }
 
+// handlerGrace is how long past TxTimeout a handler runs before the
+// inbox logs that it ignores its ctx.
+const handlerGrace = 5 * time.Second
+
 // rollback ends tx if it is still open (a no-op after Commit), with a
 // context of its own so that a done ctx does not leave it to the pool.
 func rollback(ctx context.Context, tx pgx.Tx) {
@@ -200,6 +225,16 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	defer cancel()
 	_ = tx.Rollback(rctx) // an error here closes the connection; the next attempt takes another
 }
+
+// ErrDeadLetterRefused is what Run returns (wrapped, with the record and the
+// reason) when Kafka refuses a dead letter for good: larger than the DLQ
+// topic or the client accepts, or denied by an ACL.
+var ErrDeadLetterRefused = errors.New("inbox: dead letter refused")
+
+// dlqRefusals is how many times in a row a dead letter may be refused for
+// good (refusedForGood) before Run stops; a backoff apart, so a refusal
+// that passes after all (an ACL being granted) is given a few seconds.
+const dlqRefusals = 5
 
 // letter is a dead letter to send: the reason and, when mark, the id and
 // payload hash to mark dead-lettered in the table (an id the table cannot
@@ -214,7 +249,8 @@ type letter struct {
 
 // deadLetter sends rec to the DLQ topic with the reason, then marks its id
 // dead-lettered (when l.mark), retrying both until they succeed (or ctx is
-// done). A crash between the two sends it to the DLQ again on redelivery:
+// done), except a dead letter Kafka refuses for good: then it returns an
+// error wrapping ErrDeadLetterRefused, and Run stops. A crash between the two sends it to the DLQ again on redelivery:
 // at-least-once there too.
 func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) error {
 	headers := ownHeaders(rec.Headers)
@@ -235,7 +271,7 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 		),
 	}
 	backoff := c.cfg.RetryBackoff
-	for {
+	for refusals := 0; ; {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -244,6 +280,17 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 		cancel()
 		if err == nil {
 			break
+		}
+		if !refusedForGood(err) {
+			refusals = 0 // Kafka unreachable or busy: retried without limit
+		} else if refusals++; refusals >= dlqRefusals {
+			// Neither skip it (marking it would lose the event) nor loop
+			// silently: stop the member, aloud. The record is not marked
+			// and its offset not committed; the next owner tries again.
+			return fmt.Errorf("%w: the dead letter of %s/%d@%d (id %q) was refused %d times by DLQ topic %q: %w; "+
+				"the member stops rather than skip it: let the topic take it (max.message.bytes, and the client's "+
+				"kgo.ProducerBatchMaxBytes in KafkaOpts; the producer's ACLs), then start again",
+				ErrDeadLetterRefused, rec.Topic, rec.Partition, rec.Offset, l.id, refusals, c.cfg.DLQTopic, err)
 		}
 		c.log.Warn("dead-letter produce failed; retrying", "id", l.id, "topic", c.cfg.DLQTopic, "err", err)
 		sleep(ctx, backoff)
