@@ -86,21 +86,36 @@ func transientState(code string) bool {
 	return false
 }
 
-// classifyOwn classifies an error of the inbox's own statements (BEGIN, the
-// dedupe INSERT, COMMIT). Record-class SQLSTATEs are the record's: the
-// INSERT refusing the id or COMMIT failing on a deferred constraint repeats
-// on every attempt. So is a COMMIT that answered ROLLBACK: a statement of the
-// handler failed and the handler returned nil anyway, which it will do again;
-// and a transaction the handler closed itself. Everything else (a transient
-// SQLSTATE, a broken connection, a class this cannot place) is the
-// database's, as the inbox has always treated its own statements: wedging is
-// then visible (warnings, no progress), skipping an event would not be.
-func classifyOwn(err error) fault {
+// classifyCommit classifies an error of COMMIT, which runs the handler's
+// deferred work (deferred constraints and triggers): record-class SQLSTATEs
+// are the record's, as they would be from the handler. So is a COMMIT that
+// answered ROLLBACK (a statement of the handler failed and the handler
+// returned nil anyway, which it will do again) and a transaction the handler
+// closed itself. Everything else (a transient SQLSTATE, a connection broken
+// during COMMIT, whose outcome the next attempt finds in the table, a class
+// this cannot place) is the database's.
+func classifyCommit(err error) fault {
 	switch {
 	case errors.Is(err, pgx.ErrTxCommitRollback), errors.Is(err, pgx.ErrTxClosed):
 		return faultRecord
 	}
 	if code := sqlState(err); code != "" && recordState(code) {
+		return faultRecord
+	}
+	return faultDB
+}
+
+// classifyDedupe classifies an error of the inbox's own statements on its
+// table (the dedupe INSERT, the read of a taken id, a redrive's UPDATE, the
+// dead-letter mark). Their text is fixed and only the record's values vary,
+// so only the data-dependent classes are the record's: 22 (the id or a
+// value the column refuses), 23, 54 (an index row too large). Class 42 here
+// is the deployment's (the table missing, a privilege revoked, a schema
+// from an older version): every record would fail alike, so it is retried
+// aloud like an outage instead of dead-lettering the whole topic. So is
+// everything else the database says.
+func classifyDedupe(err error) fault {
+	if code := sqlState(err); code != "" && recordState(code) && !strings.HasPrefix(code, "42") {
 		return faultRecord
 	}
 	return faultDB

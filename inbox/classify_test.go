@@ -17,35 +17,41 @@ func pgErr(code string) error {
 }
 
 // TestClassifyOwn: the inbox's own statements fail for the record on the
-// record-class SQLSTATEs and a COMMIT that rolled back, for the database on
-// everything else.
+// data-dependent SQLSTATEs; COMMIT, which runs the handler's deferred work,
+// also on class 42 and when it answered ROLLBACK; everything else is the
+// database's (or the deployment's: the table missing is not a record's
+// fault, and dead-lettering every record for it would be a skip).
 func TestClassifyOwn(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		err  error
-		want fault
+		name           string
+		err            error
+		dedupe, commit fault
 	}{
-		{"NUL byte or bad UTF-8", pgErr("22021"), faultRecord},
-		{"value too long", pgErr("22001"), faultRecord},
-		{"deferred unique violation at commit", pgErr("23505"), faultRecord},
-		{"undefined column", pgErr("42703"), faultRecord},
-		{"index row too large", pgErr("54000"), faultRecord},
-		{"commit answered rollback", fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback), faultRecord},
-		{"handler closed the transaction", fmt.Errorf("commit: %w", pgx.ErrTxClosed), faultRecord},
-		{"connection failure", pgErr("08006"), faultDB},
-		{"serialization failure", pgErr("40001"), faultDB},
-		{"deadlock", pgErr("40P01"), faultDB},
-		{"disk full", pgErr("53100"), faultDB},
-		{"statement timeout", pgErr("57014"), faultDB},
-		{"admin shutdown", pgErr("57P01"), faultDB},
-		{"lock timeout", pgErr("55P03"), faultDB},
-		{"object in use (not 55P03)", pgErr("55006"), faultDB},
-		{"internal error", pgErr("XX000"), faultDB},
-		{"network error", errors.New("read tcp: connection reset by peer"), faultDB},
+		{"NUL byte or bad UTF-8", pgErr("22021"), faultRecord, faultRecord},
+		{"value too long", pgErr("22001"), faultRecord, faultRecord},
+		{"deferred unique violation at commit", pgErr("23505"), faultRecord, faultRecord},
+		{"index row too large", pgErr("54000"), faultRecord, faultRecord},
+		{"undefined table or column", pgErr("42P01"), faultDB, faultRecord},
+		{"permission denied", pgErr("42501"), faultDB, faultRecord},
+		{"commit answered rollback", fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback), faultDB, faultRecord},
+		{"handler closed the transaction", fmt.Errorf("commit: %w", pgx.ErrTxClosed), faultDB, faultRecord},
+		{"connection failure", pgErr("08006"), faultDB, faultDB},
+		{"serialization failure", pgErr("40001"), faultDB, faultDB},
+		{"deadlock", pgErr("40P01"), faultDB, faultDB},
+		{"disk full", pgErr("53100"), faultDB, faultDB},
+		{"statement timeout", pgErr("57014"), faultDB, faultDB},
+		{"admin shutdown", pgErr("57P01"), faultDB, faultDB},
+		{"lock timeout", pgErr("55P03"), faultDB, faultDB},
+		{"object in use (not 55P03)", pgErr("55006"), faultDB, faultDB},
+		{"internal error", pgErr("XX000"), faultDB, faultDB},
+		{"network error", errors.New("read tcp: connection reset by peer"), faultDB, faultDB},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := classifyOwn(c.err); got != c.want {
-				t.Errorf("classifyOwn(%v) = %v, want %v", c.err, got, c.want)
+			if got := classifyDedupe(c.err); got != c.dedupe {
+				t.Errorf("classifyDedupe(%v) = %v, want %v", c.err, got, c.dedupe)
+			}
+			if got := classifyCommit(c.err); got != c.commit {
+				t.Errorf("classifyCommit(%v) = %v, want %v", c.err, got, c.commit)
 			}
 		})
 	}

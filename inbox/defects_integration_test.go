@@ -199,3 +199,31 @@ func TestRecordFaultsAreDeadLettered(t *testing.T) {
 		t.Errorf("%d effects, want %d (only the records after the faulty ones)", n, len(cases))
 	}
 }
+
+// TestMissingTableIsNotTheRecordsFault (issue 14 defect 1, the other
+// side): a class-42 error of the inbox's own statement (its table missing)
+// is the deployment's, not the record's: the record is retried, never
+// dead-lettered, and applied once the table exists.
+func TestMissingTableIsNotTheRecordsFault(t *testing.T) {
+	e := setup(t)
+	cfg := e.quiet()
+	cfg.Table = "public.inbox_not_yet"
+	e.produce(t, rec("ev-1", "ok"))
+	c, err := inbox.New(e.pool, effectHandler, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	defer stop()
+	waitFor(t, "retries on the missing table", 20*time.Second, func() bool {
+		s := c.Stats()
+		return s.TransientRetries >= 5 || s.DeadLettered > 0
+	})
+	if s := c.Stats(); s.DeadLettered != 0 {
+		t.Fatalf("stats %+v: a record was dead-lettered because the inbox table is missing", s)
+	}
+	if err := inbox.EnsureSchema(context.Background(), e.pool, cfg.Table); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ev-1 applied once the table exists", 20*time.Second, func() bool { return effectsOf(t, e, "ev-1") == 1 })
+}

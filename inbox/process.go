@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"strconv"
 	"time"
@@ -35,7 +36,8 @@ type result struct {
 func failure(f fault, err error) result { return result{outcome: failed, fault: f, err: err} }
 
 // handle processes one record to its end (processed, duplicate or
-// dead-lettered); it returns an error only when ctx is done.
+// dead-lettered); it returns an error only when ctx is done or Kafka refuses
+// the record's dead letter for good (ErrDeadLetterRefused).
 func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 	id := Header(rec, "id")
 	if err := validateID(id); err != nil {
@@ -75,7 +77,7 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 			c.retries.Add(1)
 			c.log.Warn("record failed; retrying", "id", id, "topic", rec.Topic, "attempt", attempts, "err", res.err)
 		}
-		sleep(ctx, backoff)
+		sleep(ctx, jitter(backoff))
 		backoff = min(backoff*2, 5*time.Second)
 	}
 }
@@ -117,7 +119,7 @@ func (c *Consumer) try(parent context.Context, rec *kgo.Record, id string, hash 
 	// inserts nothing and the record is a duplicate.
 	tag, err := tx.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, "processed", hash)
 	if err != nil {
-		return failure(classifyOwn(err), fmt.Errorf("insert processed id: %w", err))
+		return failure(classifyDedupe(err), fmt.Errorf("insert processed id: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
 		if res, again := c.seen(ctx, tx, rec, id, hash, redrive); !again {
@@ -148,7 +150,7 @@ func (c *Consumer) try(parent context.Context, rec *kgo.Record, id string, hash 
 		if errors.Is(err, pgx.ErrTxCommitRollback) {
 			err = fmt.Errorf("%w (a statement of the handler failed and the handler returned nil)", err)
 		}
-		return failure(classifyOwn(err), err)
+		return failure(classifyCommit(err), err)
 	}
 	return result{outcome: applied}
 }
@@ -168,14 +170,14 @@ func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 		return failure(faultDB, fmt.Errorf("processed id %q vanished while read; retrying", id)), false
 	}
 	if err != nil {
-		return failure(classifyOwn(err), fmt.Errorf("read processed id: %w", err)), false
+		return failure(classifyDedupe(err), fmt.Errorf("read processed id: %w", err)), false
 	}
 	if redrive && outcome == "dead-lettered" {
 		// The operator's call: the payload may have been corrected, so it
 		// is not compared, and its hash replaces the stored one.
 		tag, err := tx.Exec(ctx, fmt.Sprintf(redriveSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, hash)
 		if err != nil {
-			return failure(classifyOwn(err), fmt.Errorf("take back dead-lettered id for a redrive: %w", err)), false
+			return failure(classifyDedupe(err), fmt.Errorf("take back dead-lettered id for a redrive: %w", err)), false
 		}
 		if tag.RowsAffected() == 0 {
 			return failure(faultDB, fmt.Errorf("dead-lettered id %q changed while redriven; retrying", id)), false
@@ -212,6 +214,12 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 		}
 	}()
 	return c.h(ctx, tx, rec)
+}
+
+// jitter spreads a retry wait over [d/2, d), so that members retrying
+// after one database or Kafka outage do not come back all at once.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
 }
 
 // handlerGrace is how long past TxTimeout a handler runs before the
@@ -293,7 +301,7 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 				ErrDeadLetterRefused, rec.Topic, rec.Partition, rec.Offset, l.id, refusals, c.cfg.DLQTopic, err)
 		}
 		c.log.Warn("dead-letter produce failed; retrying", "id", l.id, "topic", c.cfg.DLQTopic, "err", err)
-		sleep(ctx, backoff)
+		sleep(ctx, jitter(backoff))
 		backoff = min(backoff*2, 5*time.Second)
 	}
 	c.deadLettered.Add(1)
@@ -311,7 +319,7 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 		if err == nil {
 			return nil
 		}
-		if classifyOwn(err) == faultRecord {
+		if classifyDedupe(err) == faultRecord {
 			// The table refuses this id for good (validateID let through
 			// something the database will not store): the record is in the
 			// DLQ, unmarked; a redelivery is dead-lettered again.
@@ -319,7 +327,7 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 			return nil
 		}
 		c.log.Warn("marking a dead-lettered id failed; retrying", "id", l.id, "err", err)
-		sleep(ctx, backoff)
+		sleep(ctx, jitter(backoff))
 		backoff = min(backoff*2, 5*time.Second)
 	}
 }
