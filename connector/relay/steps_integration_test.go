@@ -249,7 +249,7 @@ var startSteps = []fault.Step{fault.SlotIntent, fault.SlotCreated, fault.Snapsho
 // a session; the next session loses nothing. `make test` runs each step
 // once, in a mode and at an occurrence drawn at random (logged; set
 // OUTBOX_TEST_SEED to repeat a draw); `make soak` runs every step in both
-// modes at several occurrences.
+// modes at several occurrences, soakRounds times over.
 func TestStepFaults(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("OUTBOX_TEST_SEED"); s != "" {
@@ -264,12 +264,14 @@ func TestStepFaults(t *testing.T) {
 			once = once || s == step
 		}
 		if os.Getenv("OUTBOX_SOAK") != "" {
-			for _, kill := range []bool{false, true} {
-				for n := 1; n <= 3; n++ {
-					if n > 1 && once {
-						break
+			for range soakRounds(t) {
+				for _, kill := range []bool{false, true} {
+					for n := 1; n <= 3; n++ {
+						if n > 1 && once {
+							break
+						}
+						cases = append(cases, stepCase{step: step, n: n, kill: kill})
 					}
-					cases = append(cases, stepCase{step: step, n: n, kill: kill})
 				}
 			}
 			continue
@@ -283,4 +285,20 @@ func TestStepFaults(t *testing.T) {
 	for _, sc := range cases {
 		t.Run(sc.String(), func(t *testing.T) { runStepCase(t, sc) })
 	}
+}
+
+// soakRounds is how many times `make soak` runs the whole set of step
+// cases: OUTBOX_SOAK_ROUNDS, 3 unless set (about 4.5 minutes a round on
+// two cores). Each round draws its own workload timing, so the same step
+// and occurrence fall at other places in the stream.
+func soakRounds(t *testing.T) int {
+	s := os.Getenv("OUTBOX_SOAK_ROUNDS")
+	if s == "" {
+		return 3
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("OUTBOX_SOAK_ROUNDS=%q: want a positive whole number", s)
+	}
+	return n
 }
