@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -71,7 +72,7 @@ type Producer struct {
 	client  *kgo.Client
 	admin   *kadm.Client
 	router  *route.Router
-	pool    *pgxpool.Pool
+	pool    deadLetterDB
 	log     *slog.Logger
 	metrics *metrics.Metrics
 
@@ -100,10 +101,22 @@ func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Poo
 	if router != nil {
 		idField = router.Config().FieldEventID
 	}
-	return &Producer{
-		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, pool: pool, log: log, metrics: m,
+	p := &Producer{
+		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, log: log, metrics: m,
 		topics: map[string]bool{}, idField: idField,
 	}
+	if pool != nil {
+		p.pool = pool
+	}
+	return p
+}
+
+// deadLetterDB is what the producer needs of PostgreSQL: the dead-letter
+// insert (see deadLetterTable). A *pgxpool.Pool is one; the unit tests
+// give a table in memory, so that the dead-letter path is tested without a
+// database.
+type deadLetterDB interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // minBufferedBytes is the least the producer buffers in bytes.
