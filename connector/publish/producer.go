@@ -101,14 +101,10 @@ func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Poo
 	if router != nil {
 		idField = router.Config().FieldEventID
 	}
-	p := &Producer{
-		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, log: log, metrics: m,
+	return &Producer{
+		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, pool: pool, log: log, metrics: m,
 		topics: map[string]bool{}, idField: idField,
 	}
-	if pool != nil {
-		p.pool = pool
-	}
-	return p
 }
 
 // deadLetterDB is what the producer needs of PostgreSQL: the dead-letter
