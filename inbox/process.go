@@ -216,7 +216,7 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 	return c.h(ctx, tx, rec)
 }
 
-// jitter spreads a retry wait over [d/2, d), so that members retrying
+// jitter spreads a retry wait over [d/2, d], so that members retrying
 // after one database or Kafka outage do not come back all at once.
 func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)

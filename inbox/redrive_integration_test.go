@@ -18,7 +18,8 @@ import (
 // TestRedriveAppliesDeadLetter (issue 14 defect 4 and the per-aggregate
 // order it implies): a dead letter republished unchanged to its source topic
 // (the DLQ record's key, value and headers) is applied once; a second copy
-// (built by inbox.Redrive) is a duplicate; the aggregate's later event was
+// (built by inbox.Redrive) is a duplicate; one redriven too early is
+// dead-lettered again, redrivable again; the aggregate's later event was
 // applied before it (the inbox does not park an aggregate behind its dead
 // letter). A dead letter the inbox could not mark (no id) is refused by
 // Redrive.
@@ -52,7 +53,6 @@ func TestRedriveAppliesDeadLetter(t *testing.T) {
 		return dead != nil
 	})
 	waitFor(t, "ev-3 applied", 30*time.Second, func() bool { return effectsOf(t, e, "ev-3") == 1 })
-	broken.Store(false) // the handler is fixed; redrive the dead letter
 	redrive := func() {
 		r := &kgo.Record{Topic: inbox.Header(dead, "inbox.source.topic"), Key: dead.Key, Value: dead.Value,
 			Headers: append([]kgo.RecordHeader(nil), dead.Headers...)}
@@ -60,6 +60,31 @@ func TestRedriveAppliesDeadLetter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Redriven too early (the handler still broken), it is dead-lettered
+	// again, with the inbox's headers of this failure only.
+	redrive()
+	waitFor(t, "ev-2 dead-lettered again", 30*time.Second, func() bool {
+		n := 0
+		for _, r := range dlq.read() {
+			if inbox.Header(r, "id") == "ev-2" {
+				n++
+				dead = r
+			}
+		}
+		return n == 2
+	})
+	for _, key := range []string{inbox.RedriveHeader, "inbox.error", "inbox.source.offset"} {
+		n := 0
+		for _, h := range dead.Headers {
+			if h.Key == key {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("the second dead letter has %d %s headers, want 1", n, key)
+		}
+	}
+	broken.Store(false) // the handler is fixed; redrive the dead letter
 	redrive()
 	deadline := time.Now().Add(20 * time.Second)
 	for effectsOf(t, e, "ev-2") == 0 {
@@ -82,8 +107,8 @@ func TestRedriveAppliesDeadLetter(t *testing.T) {
 	if n := effectsOf(t, e, "ev-2"); n != 1 {
 		t.Errorf("ev-2 applied %d times, want once", n)
 	}
-	if s := c.Stats(); s.Redriven != 1 || s.DeadLettered != 1 {
-		t.Errorf("stats %+v; want 1 redriven, 1 dead-lettered", s)
+	if s := c.Stats(); s.Redriven != 2 || s.DeadLettered != 2 {
+		t.Errorf("stats %+v; want 2 redriven (one failed again), 2 dead-lettered", s)
 	}
 	if n := count(t, e.pool, `SELECT count(*) FROM inbox WHERE id = 'ev-2' AND outcome = 'processed'`); n != 1 {
 		t.Errorf("ev-2 is not marked processed after its redrive")
