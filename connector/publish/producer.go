@@ -8,7 +8,9 @@
 package publish
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,8 +19,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -545,29 +549,23 @@ const maxDeadLetterIDs = 100
 // reused by the application) is stored under the id with a suffix, "#2",
 // "#3"..., and a warning says so. A dead letter is never acked unless its
 // row is in the table.
+//
+// What PostgreSQL's text and jsonb cannot hold (a NUL byte, bytes that are
+// not UTF-8: a logical message's raw content, say) is stored encoded (see
+// deadLetterValues), never replaced. An insert PostgreSQL refuses for the
+// row's values (a data exception, SQLSTATE class 22, or a program limit,
+// class 54: an event id longer than the primary key's index takes) would
+// be refused on every try, wedging the line: the row is stored once more in
+// its safe form, and if even that is refused the connector stops with a
+// FatalError naming the event rather than retry forever or skip it. Every
+// other error (the table missing, a privilege, the database down) is the
+// deployment's, and retried with a capped backoff.
 func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, intended string, cause error) error {
 	row := ev.Row
-	col := func(name string) *string {
-		if c := row.Lookup(name); c != nil && !c.Null {
-			s := string(c.Value)
-			return &s
-		}
-		return nil
-	}
-	obj := make(map[string]*string, len(row.Columns))
-	types := make(map[string]uint32, len(row.Columns))
-	for _, c := range row.Columns {
-		obj[c.Name] = col(c.Name)
-		types[c.Name] = c.Type
-	}
-	data, _ := json.Marshal(obj)
-	typeData, _ := json.Marshal(types)
 	// The event's place in the WAL, which no other event has.
 	place := "lsn:" + wal.FormatLSN(id.commit) + ":" + wal.FormatLSN(id.lsn) + ":" + strconv.FormatUint(uint64(id.ord), 10)
-	eventID := place
-	if v := col(p.idField); v != nil {
-		eventID = *v
-	}
+	dl := deadLetterValuesOf(row, p.idField, place, intended, cause, nil)
+	eventID := dl.id
 	class := classOf(cause)
 	backoff := 100 * time.Millisecond
 	key, n := eventID, 1
@@ -576,8 +574,8 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 			return fmt.Errorf("%w (the leader lease's deadline passed)", ErrFenced)
 		}
 		var inserted, same bool
-		err := p.pool.QueryRow(ctx, insertDeadLetter, key, col("aggregatetype"), col("aggregateid"), col("type"), col("payload"),
-			data, typeData, intended, cause.Error(), class, wal.FormatLSN(row.Source.LSN)).Scan(&inserted, &same)
+		err := p.pool.QueryRow(ctx, insertDeadLetter, key, dl.aggType, dl.aggID, dl.typ, dl.payload,
+			dl.data, dl.types, dl.topic, dl.errText, class, wal.FormatLSN(row.Source.LSN)).Scan(&inserted, &same)
 		if err == nil {
 			if inserted || same {
 				break
@@ -601,6 +599,18 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if rowsFault(err) {
+			if dl.safe {
+				return &wal.FatalError{Msg: fmt.Sprintf("PostgreSQL refused the dead letter of the event at LSN %s even in its safe form (id %q, every value base64-encoded); the connector stops rather than skip it: check outbox_dead_letter's definition against sql/003_dead_letter.sql",
+					wal.FormatLSN(row.Source.LSN), dl.id), Err: err}
+			}
+			// Refused for its values: the same insert would be refused
+			// forever. Store it in the form every database takes.
+			dl = deadLetterValuesOf(row, p.idField, place, intended, cause, err)
+			eventID, key, n = dl.id, dl.id, 1
+			p.log.Warn("PostgreSQL refused the dead letter's values; storing it under its place in the WAL with every value base64-encoded in row_data", "id", eventID, "lsn", wal.FormatLSN(row.Source.LSN), "err", err)
+			continue
+		}
 		p.log.Warn("storing a dead letter in outbox_dead_letter failed; retrying", "err", err, "backoff", backoff)
 		select {
 		case <-ctx.Done():
@@ -613,4 +623,113 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 	p.metrics.DeadLettered.WithLabelValues(intended, class, "table").Inc()
 	ev.Txn.Done()
 	return nil
+}
+
+// rowsFault reports an error PostgreSQL gives for a statement's values, the
+// same on every try: a data exception (class 22: 22P05 "unsupported Unicode
+// escape sequence" for a NUL in jsonb, 22021 for a NUL or bytes that are not
+// UTF-8 in text) or a program limit (class 54: an index row too large).
+func rowsFault(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	return pgErr.Code[:2] == "22" || pgErr.Code[:2] == "54"
+}
+
+// deadLetterValues are the columns of an event's outbox_dead_letter row.
+type deadLetterValues struct {
+	id                           string
+	aggType, aggID, typ, payload *string
+	data, types                  []byte
+	topic, errText               string
+	safe                         bool // the safe form (see deadLetterValuesOf)
+}
+
+// deadLetterValuesOf builds the row of an event's dead letter. row_data
+// holds every column: its text as a JSON string, SQL NULL as null, and a
+// value text cannot hold (a NUL byte, bytes that are not UTF-8, which jsonb
+// refuses or json.Marshal would replace) as {"base64": "<its bytes>"}, so
+// that every byte is kept. The text columns (id, aggregatetype, ...) show
+// such a value with \xNN escapes, and the error column says that some value
+// is encoded.
+//
+// refused, when not nil, is why PostgreSQL refused that row: the safe form
+// is built instead, which any database takes whatever its encoding and
+// limits: the id is the event's place in the WAL (short, unique; the event
+// id is in row_data), every value of row_data is base64, the text columns
+// and the error are ASCII.
+func deadLetterValuesOf(row *route.Row, idField, place, intended string, cause error, refused error) deadLetterValues {
+	safe := refused != nil
+	encoded := false
+	text := func(b []byte) string {
+		switch {
+		case safe:
+			q := strconv.QuoteToASCII(string(b))
+			return q[1 : len(q)-1]
+		case storable(b):
+			return string(b)
+		}
+		encoded = true
+		return escapeText(b)
+	}
+	col := func(name string) *string {
+		if c := row.Lookup(name); c != nil && !c.Null {
+			s := text(c.Value)
+			return &s
+		}
+		return nil
+	}
+	obj := make(map[string]any, len(row.Columns))
+	types := make(map[string]uint32, len(row.Columns))
+	for _, c := range row.Columns {
+		name := text([]byte(c.Name))
+		switch {
+		case c.Null:
+			obj[name] = nil
+		case !safe && storable(c.Value):
+			obj[name] = string(c.Value)
+		default:
+			encoded = true
+			obj[name] = map[string]string{"base64": base64.StdEncoding.EncodeToString(c.Value)}
+		}
+		types[name] = c.Type
+	}
+	v := deadLetterValues{id: place, aggType: col("aggregatetype"), aggID: col("aggregateid"), typ: col("type"), payload: col("payload"), safe: safe}
+	if c := row.Lookup(idField); c != nil && !c.Null && !safe {
+		v.id = text(c.Value)
+	}
+	v.data, _ = json.Marshal(obj)
+	v.types, _ = json.Marshal(types)
+	v.topic = text([]byte(intended))
+	v.errText = text([]byte(cause.Error()))
+	switch {
+	case safe:
+		v.errText += "; stored in its safe form, PostgreSQL having refused the row as it was (" + text([]byte(refused.Error())) +
+			"): the id is the event's place in the WAL, every value of row_data is {\"base64\": ...}, the text columns are ASCII-escaped"
+	case encoded:
+		v.errText += "; some values hold what PostgreSQL text cannot (a NUL byte, bytes that are not UTF-8): row_data has them as {\"base64\": ...}, the text columns with \\xNN escapes"
+	}
+	return v
+}
+
+// storable reports whether PostgreSQL text and jsonb hold b as it is: UTF-8
+// without a NUL byte.
+func storable(b []byte) bool { return utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 }
+
+// escapeText is b with a NUL and every byte that is not part of valid UTF-8
+// written as \xNN, for a text column a person reads.
+func escapeText(b []byte) string {
+	out := make([]byte, 0, len(b)+8)
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		if r == 0 || r == utf8.RuneError && size <= 1 {
+			out = append(out, '\\', 'x', "0123456789ABCDEF"[b[0]>>4], "0123456789ABCDEF"[b[0]&0xF])
+			b = b[1:]
+			continue
+		}
+		out = append(out, b[:size]...)
+		b = b[size:]
+	}
+	return string(out)
 }
