@@ -186,6 +186,7 @@ func (p *Producer) sendIdem(ctx context.Context, ev wal.Event, id rowID, rec *kg
 // idemPromise is the promise of every record produced without a
 // transaction. It must not block: franz-go runs promises one at a time.
 func (p *Producer) idemPromise(r *kgo.Record, err error) {
+	p.answers.Add(1)
 	re := r.Context.(*recEvent)
 	ev, id, dlq := re.ev, re.id, re.dlq
 	re.ev = wal.Event{} // the slab outlives the event
@@ -272,7 +273,10 @@ func (p *Producer) aloneIdem(ctx context.Context, ev wal.Event, rec *kgo.Record,
 	p.idm.alone.Store(true)
 	defer p.idm.alone.Store(false)
 	res := make(chan error, 1)
-	p.client.Produce(ctx, rec, func(_ *kgo.Record, err error) { res <- err })
+	p.client.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+		p.answers.Add(1)
+		res <- err
+	})
 	var err error
 	select {
 	case err = <-res:

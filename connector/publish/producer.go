@@ -81,6 +81,16 @@ type Producer struct {
 	metrics *metrics.Metrics
 
 	topics map[string]bool // topics known to exist
+	// seen holds the same topics, for watchTopics, which runs on a
+	// goroutine of its own: topic -> struct{}.
+	seen sync.Map
+	// answers counts the promises run (acks and failures alike), so that
+	// watchTopics tells records waiting without an answer from a line
+	// that moves.
+	answers atomic.Uint64
+	// topicWatch is how often watchTopics looks whether records wait
+	// without an answer (default topicWatchEvery).
+	topicWatch time.Duration
 
 	// idField is the router's table.field.event.id: the column holding
 	// the event id, which keys dead letters and poison.
@@ -107,7 +117,7 @@ func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Poo
 	}
 	return &Producer{
 		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, pool: pool, log: log, metrics: m,
-		topics: map[string]bool{}, idField: idField,
+		topics: map[string]bool{}, idField: idField, topicWatch: topicWatchEvery,
 	}
 }
 
@@ -165,6 +175,16 @@ func isFatalKafka(err error) bool {
 // confirmed position (a record Kafka refused: see Poison); onFatal is
 // called at once so the stream stops reading.
 func (p *Producer) Run(ctx context.Context, in <-chan wal.Event, onFatal func()) error {
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		p.watchTopics(wctx)
+	}()
+	defer func() {
+		stopWatch()
+		<-watched
+	}()
 	if err := p.ensureTopic(ctx, p.cfg.DLQTopic); err != nil {
 		onFatal()
 		if errors.Is(err, kerr.InvalidTopicException) {
@@ -362,7 +382,7 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 		if err := p.checkTopicLimit(ctx, topic); err != nil {
 			return err
 		}
-		p.topics[topic] = true
+		p.known(topic)
 		return nil
 	}
 	backoff := 100 * time.Millisecond
@@ -379,7 +399,7 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 			if err := p.checkTopicLimit(ctx, topic); err != nil {
 				return err
 			}
-			p.topics[topic] = true
+			p.known(topic)
 			return nil
 		case isFatalKafka(err):
 			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to create topic %q; grant CREATE, or create the topics yourself and set OUTBOX_TOPIC_CREATE=false", topic), Err: err}
@@ -411,7 +431,11 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 // and every event after them wait (skipping them would break the order);
 // the error log line, outbox_connector_topic_missing{topic} and the Blocked
 // hook tell the operator what to do. A topic whose existence cannot be read
-// is let through, as checkTopicLimit does; refused access is fatal.
+// (the lookup failed, or Kafka answered another error for it) is looked up
+// again after the same pause, said at warn level and to the Blocked hook:
+// let through, a missing one would wait in franz-go without a word. Refused
+// access is fatal; a name Kafka calls invalid is returned (the event's
+// fault: it becomes a dead letter).
 func (p *Producer) waitTopic(ctx context.Context, topic string) error {
 	backoff := time.Second
 	for waited := false; ; waited = true {
@@ -435,9 +459,19 @@ func (p *Producer) waitTopic(ctx context.Context, topic string) error {
 			return ctx.Err()
 		case isFatalKafka(err):
 			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to describe topic %q; grant DESCRIBE on the topics", topic), Err: err}
+		case errors.Is(err, kerr.InvalidTopicException):
+			return err
 		case !errors.Is(err, kerr.UnknownTopicOrPartition):
-			p.log.Debug("could not tell whether the topic exists", "topic", topic, "err", err)
-			return nil
+			msg := fmt.Sprintf("cannot tell whether topic %q exists (OUTBOX_TOPIC_CREATE=false): looking it up failed: %v; its events and all after them wait", topic, err)
+			p.log.Warn(msg, "topic", topic, "err", err, "retry_in", backoff)
+			p.blocked(msg)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 30*time.Second)
+			continue
 		}
 		msg := fmt.Sprintf("topic %q does not exist and OUTBOX_TOPIC_CREATE=false: its events and all after them wait; create it (kafka-topics.sh --create --topic %s) or set OUTBOX_TOPIC_CREATE=true", topic, topic)
 		p.log.Error(msg, "topic", topic, "retry_in", backoff)
@@ -449,6 +483,105 @@ func (p *Producer) waitTopic(ctx context.Context, topic string) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+// known records that topic exists.
+func (p *Producer) known(topic string) {
+	p.topics[topic] = true
+	p.seen.Store(topic, struct{}{})
+}
+
+// topicWatchEvery is how often watchTopics looks.
+const topicWatchEvery = 5 * time.Second
+
+// watchTopics looks, every topicWatch, whether records wait in the client
+// with no promise run since the last look, and then whether every topic
+// the session has seen still exists. A topic deleted after it was seen is
+// not reported by franz-go, which holds its records without a word
+// (UnknownTopicRetries(-1)) and the line behind them: it is said aloud as
+// waitTopic says a missing one (an error log line, outbox_connector_topic_missing,
+// the Blocked hook) until it exists again. Created again, it has a new
+// topic ID: franz-go fails the records waiting for it (UNKNOWN_TOPIC_ID,
+// transient), and the next session reads them again (and, with
+// OUTBOX_TOPIC_CREATE, creates the topic first if it is still missing). A
+// look that fails is tried again at the next.
+func (p *Producer) watchTopics(ctx context.Context) {
+	every := p.topicWatch
+	if every <= 0 {
+		every = topicWatchEvery
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	last := p.answers.Load()
+	missing := map[string]bool{}
+	defer func() {
+		// The session ends: the next one looks for these again (waitTopic,
+		// or ensureTopic creating them), and says so if they still lack.
+		for topic := range missing {
+			p.metrics.TopicMissing.WithLabelValues(topic).Set(0)
+		}
+		if len(missing) > 0 {
+			p.blocked("")
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n := p.answers.Load()
+		waiting := n == last && p.client.BufferedProduceRecords() > 0
+		last = n
+		if !waiting && len(missing) == 0 {
+			continue
+		}
+		var topics []string
+		p.seen.Range(func(k, _ any) bool {
+			topics = append(topics, k.(string))
+			return true
+		})
+		if len(topics) == 0 {
+			continue
+		}
+		details, err := p.admin.ListTopics(ctx, topics...)
+		if err != nil {
+			p.log.Debug("could not look whether the topics records wait for exist", "err", err)
+			continue
+		}
+		for _, topic := range topics {
+			d, ok := details[topic]
+			gone := !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition)
+			switch {
+			case gone && !missing[topic] && waiting:
+				missing[topic] = true
+				fix := "create it again (kafka-topics.sh --create --topic " + topic + ") or set OUTBOX_TOPIC_CREATE=true"
+				if p.cfg.TopicCreate {
+					fix = "creating it again (OUTBOX_TOPIC_CREATE=true)"
+				}
+				msg := fmt.Sprintf("topic %q was deleted after the connector saw it: its records wait in the Kafka client, and all after them; %s", topic, fix)
+				p.log.Error(msg, "topic", topic)
+				p.metrics.TopicMissing.WithLabelValues(topic).Set(1)
+				p.blocked(msg)
+				if p.cfg.TopicCreate {
+					// Failing, it is tried again at the next look.
+					resp, err := p.admin.CreateTopic(ctx, p.cfg.TopicPartitions, p.cfg.TopicReplication, p.cfg.TopicConfigs, topic)
+					if err == nil {
+						err = resp.Err
+					}
+					if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+						p.log.Warn("create the deleted topic again failed; trying again at the next look", "topic", topic, "err", err)
+						delete(missing, topic)
+					}
+				}
+			case !gone && missing[topic]:
+				delete(missing, topic)
+				p.log.Info("the topic exists again", "topic", topic)
+				p.metrics.TopicMissing.WithLabelValues(topic).Set(0)
+				p.blocked("")
+			}
+		}
 	}
 }
 

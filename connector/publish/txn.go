@@ -187,6 +187,7 @@ type recIndex struct {
 
 // txnPromise is the promise of every record produced in a transaction.
 func (p *Producer) txnPromise(r *kgo.Record, err error) {
+	p.answers.Add(1)
 	if err == nil {
 		return
 	}
