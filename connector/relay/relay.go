@@ -92,6 +92,7 @@ type leadership struct {
 func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.Metrics) *Relay {
 	schema, table, _ := config.SplitTable(cfg.Table)
 	r := &Relay{cfg: cfg, log: log, metrics: m, router: router, schema: schema, table: table}
+	r.stall.timeout = cfg.StallTimeout
 	r.elector = lease.New(lease.Config{
 		DSN: cfg.PGDSN, Slot: cfg.Slot, Holder: lease.DefaultHolder(), TTL: cfg.LeaseTTL,
 		// Without Kafka transactions nothing fences a deposed leader at the
@@ -180,7 +181,8 @@ func (r *Relay) Ready() (bool, string) {
 // acknowledged is not a stall, though its end LSN is acked only at the end;
 // nothing owed on a streaming leader is never one, nor is anything on an
 // instance without the lease. Holding the lease with no session past setup
-// for that long is one.
+// for that long is one, and so are sessions that keep ending with no
+// progress for that long.
 func (r *Relay) Stalled() (bool, string) { return r.stalledAt(time.Now()) }
 
 // LastError is the last transient error (for /readyz detail).

@@ -50,6 +50,20 @@ import (
 // failing at every try) renews its lease, so no standby takes over, and the
 // WAL grows. A snapshot in progress is past setup: its tracker counts the
 // rows it delivers.
+//
+// Getting past setup is no proof of health once a session that got past it
+// ended without proving itself: sessions that each start streaming and fail
+// before anything moves (a server error decoding a change before any Begin)
+// owe no work and are past setup for a moment each, and with the reconnect
+// backoff capped below the timeout no single wait is one either; the slot
+// stands still while the lease is renewed. A session proves itself by
+// progress past the furthest point of every session since the last one that
+// proved itself (its acked position, or records acked past it, or the work
+// dropped before it delivered), or by living for the stall timeout. Until
+// one does, the setup clock runs on across sessions, from the end of the
+// first session that failed unproven (or from taking the lease), and stops
+// (not restarts) while a session runs: a stall once the clock passes the
+// timeout, and until a session proves itself.
 type stallWatch struct {
 	mu   sync.Mutex
 	tr   *tracker.Tracker // the tracker last looked at
@@ -65,7 +79,22 @@ type stallWatch struct {
 	reached reach
 	owed    bool      // work was owed at the last look
 	at      time.Time // since when owed work made no progress
-	setup   time.Time // since when holding the lease with no session past setup (zero: not so at the last look)
+	setup   time.Time // since when holding the lease with no session past setup, or none proven since one failed (zero: not so at the last look)
+
+	// timeout is the stall timeout: a session that lives this long without
+	// ending has proved itself. Zero: getting past setup is proof enough.
+	timeout time.Duration
+	// live is when the current tracker was first seen with its session
+	// running (zero: not seen so); base is its reach then, proven whether
+	// it has proved itself, ended whether its end was counted.
+	live          time.Time
+	base          reach
+	proven, ended bool
+	// failed counts the sessions that got past setup and ended unproven
+	// since the last that proved itself; best is the furthest any of them,
+	// or that one, reached.
+	failed int
+	best   reach
 }
 
 // reach is how far a session got: its acked position, and records acked
@@ -84,7 +113,8 @@ type stallState struct {
 	inFlight int
 	owed     bool          // events in flight, or read and not yet delivered
 	waiting  time.Duration // owed with no progress for this long (0 when nothing is owed)
-	setup    time.Duration // holding the lease with no session past setup for this long
+	setup    time.Duration // holding the lease with no session past setup (or none proven) for this long
+	failed   int           // sessions that got past setup and ended unproven in that time
 }
 
 // look reads t (the current or last session's tracker; nil before the
@@ -100,52 +130,77 @@ func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, now time.
 	if !holding {
 		w.tr, w.seen, w.stale = t, 0, true
 		w.debt, w.owedTo, w.reached, w.owed, w.setup = false, 0, reach{}, false, time.Time{}
+		w.live, w.base, w.proven, w.ended, w.failed, w.best = time.Time{}, reach{}, false, false, 0, reach{}
 		return stallState{}
 	}
 	if t != w.tr {
 		// A new session (or the first): its tracker counts from zero, and
 		// inherits what the last one dropped (and what that one still owed).
 		if w.tr != nil && !w.stale {
-			if p := w.tr.Positions(); p.Dropped != 0 {
+			p := w.tr.Positions()
+			if p.Dropped != 0 {
 				w.debt = true
 				w.owedTo = max(w.owedTo, p.Dropped)
 				if r := (reach{p.Acked, p.DroppedAcked}); r.beyond(w.reached) {
 					w.reached = r
 				}
 			}
+			w.sessionEnded(p, now)
 		}
 		w.tr, w.seen, w.stale = t, 0, t == nil
+		w.live, w.base, w.proven, w.ended = time.Time{}, reach{}, false, false
 	}
 	var s stallState
 	var p tracker.Positions
 	if t != nil {
 		p = t.Positions()
 	}
+	var progressed, delivered bool
+	if t != nil && !w.stale {
+		progressed = p.Progress != w.seen
+		w.seen = p.Progress
+		if w.debt {
+			if p.Acked > w.owedTo || p.LastEvent >= w.owedTo {
+				// Delivered (a transaction with events acked at or past
+				// what was dropped), or passed by a keepalive (it aborted).
+				w.debt, w.owedTo, w.reached = false, 0, reach{}
+				progressed, delivered = true, true
+			} else if !(reach{p.Acked, p.AckedOpen}).beyond(w.reached) {
+				progressed = false // delivering again what an earlier session did
+			}
+		}
+	}
 	// Past setup: a session's tracker is there and its session has not
 	// ended. Not an old term's tracker.
 	if streaming || t != nil && !w.stale && !p.Ended {
-		w.setup = time.Time{}
+		if w.live.IsZero() {
+			w.live, w.base = now, reach{p.Acked, p.AckedOpen}
+		}
+		if !w.proven && (delivered || now.Sub(w.live) >= w.timeout || (reach{p.Acked, p.AckedOpen}).beyond(w.ref())) {
+			w.proven = true
+		}
+		if !w.setup.IsZero() && (w.failed == 0 || w.proven) {
+			// Past setup with no session failed since the clock started
+			// (setup was what failed), or proven: the clock stops.
+			w.setup = time.Time{}
+		}
+		if !w.setup.IsZero() {
+			// Not proven yet after sessions that failed: the clock stands
+			// still while this one runs.
+			s.setup, s.failed = w.live.Sub(w.setup), w.failed
+		}
 	} else {
+		if t != nil && !w.stale && p.Ended {
+			w.sessionEnded(p, now)
+		}
 		if w.setup.IsZero() {
 			w.setup = now
 		}
-		s.setup = now.Sub(w.setup)
+		s.setup, s.failed = now.Sub(w.setup), w.failed
 	}
 	if t == nil || w.stale {
 		w.owed = false
 		return s
-	}
-	progressed := p.Progress != w.seen
-	w.seen = p.Progress
-	if w.debt {
-		if p.Acked > w.owedTo || p.LastEvent >= w.owedTo {
-			// Delivered (a transaction with events acked at or past what
-			// was dropped), or passed by a keepalive (it aborted).
-			w.debt, w.owedTo, w.reached = false, 0, reach{}
-			progressed = true
-		} else if !(reach{p.Acked, p.AckedOpen}).beyond(w.reached) {
-			progressed = false // delivering again what an earlier session did
-		}
 	}
 	owed := p.InFlight > 0 || p.Dropped != 0 || w.debt
 	if progressed || owed && !w.owed {
@@ -156,6 +211,50 @@ func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, now time.
 		s.inFlight, s.owed, s.waiting = p.InFlight, true, now.Sub(w.at)
 	}
 	return s
+}
+
+// ref is the reach a session must pass to prove itself: where it started,
+// and the furthest any session since the last proven one got.
+func (w *stallWatch) ref() reach {
+	if w.best.beyond(w.base) {
+		return w.best
+	}
+	return w.base
+}
+
+// sessionEnded counts the end of the current tracker's session, once, with
+// p its positions after the end. A session never seen running lived less
+// than one look's interval: it proved itself only by getting further than
+// the sessions before it.
+func (w *stallWatch) sessionEnded(p tracker.Positions, now time.Time) {
+	if w.ended {
+		return
+	}
+	w.ended = true
+	r := reach{p.Acked, 0}
+	if p.Dropped != 0 {
+		r.more = p.DroppedAcked
+	}
+	if !w.proven {
+		if w.live.IsZero() {
+			w.proven = w.best != (reach{}) && r.beyond(w.best)
+		} else {
+			w.proven = r.beyond(w.ref())
+		}
+	}
+	if w.proven {
+		// A fresh start: the clock runs from this end, and the next
+		// session past setup stops it.
+		w.setup, w.failed, w.best = now, 0, r
+		return
+	}
+	if w.setup.IsZero() {
+		w.setup = now
+	}
+	w.failed++
+	if r.beyond(w.best) {
+		w.best = r
+	}
 }
 
 // holding reports whether this instance holds the lease (a leader, or a
@@ -182,6 +281,9 @@ func stalled(s stallState, timeout time.Duration, lastErr func() string) (bool, 
 	}
 	if s.setup > timeout {
 		why := fmt.Sprintf("this instance holds the leader lease (so no standby takes over) but no session got past setup (PostgreSQL and the slot, fencing the previous leader at Kafka) for %s (OUTBOX_STALL_TIMEOUT %s)", s.setup.Round(time.Second), timeout)
+		if s.failed > 0 {
+			why = fmt.Sprintf("this instance holds the leader lease (so no standby takes over) but its sessions keep ending with no progress: for %s, %d sessions got past setup and ended with nothing acknowledged or dead-lettered and the acked position unmoved (OUTBOX_STALL_TIMEOUT %s)", s.setup.Round(time.Second), s.failed, timeout)
+		}
 		if e := lastErr(); e != "" {
 			why += "; last error: " + e
 		} else {
@@ -223,7 +325,7 @@ func (h kafkaDialErrors) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duratio
 // stallMetrics registers the stall as metrics, computed at scrape time like
 // /healthz.
 func (r *Relay) stallMetrics(m *metrics.Metrics) {
-	m.GaugeFunc("outbox_connector_stalled", "1 while events are owed (in flight, or read by a stream that ended before delivering them) and none was acknowledged or dead-lettered for longer than OUTBOX_STALL_TIMEOUT, or while this instance has held the lease for longer with no session past setup; /healthz fails then. 0 otherwise.", func() float64 {
+	m.GaugeFunc("outbox_connector_stalled", "1 while events are owed (in flight, or read by a stream that ended before delivering them) and none was acknowledged or dead-lettered for longer than OUTBOX_STALL_TIMEOUT, or while this instance has held the lease for longer with no session past setup or with its sessions ending with no progress; /healthz fails then. 0 otherwise.", func() float64 {
 		if stalled, _ := r.stalledAt(time.Now()); stalled {
 			return 1
 		}

@@ -21,7 +21,7 @@ type watchClock struct {
 }
 
 func newWatchClock(t testing.TB) *watchClock {
-	return &watchClock{t: t, now: time.Unix(1_000_000, 0), holding: true, streaming: true}
+	return &watchClock{t: t, w: stallWatch{timeout: testStallTimeout}, now: time.Unix(1_000_000, 0), holding: true, streaming: true}
 }
 
 // tick advances the clock by d and looks at tr.
