@@ -39,6 +39,11 @@ type Metrics struct {
 	// after an earlier record of their key had failed: consumers may see
 	// them before it. Expected to stay 0 (see publish's idemPromise).
 	OrderViolations prometheus.Counter
+	// KafkaDataLoss counts, by topic, the sessions in which Kafka answered
+	// a produce with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID:
+	// it may have lost records it had acknowledged (an unclean leader
+	// election). Each ends its session (publish.ClientOpts).
+	KafkaDataLoss *prometheus.CounterVec
 	// outbox_connector_leader is a gauge function the relay registers
 	// (computed at scrape time from the lease, see relay.New).
 }
@@ -107,6 +112,10 @@ func New() *Metrics {
 			Name: "outbox_connector_order_violations_total",
 			Help: "Records acked by Kafka after an earlier record of the same key failed (idempotent mode); consumers may have seen them out of order.",
 		}),
+		KafkaDataLoss: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_kafka_data_loss_detections_total",
+			Help: "Detections, once per session and topic, of Kafka answering a produce with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID: records it had acknowledged may be lost (an unclean leader election); the session ends and reads the WAL again from the confirmed position.",
+		}, []string{"topic"}),
 		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_snapshot_events_total",
 			Help: "Rows published by initial snapshots.",
@@ -114,7 +123,7 @@ func New() *Metrics {
 	}
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
 		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit,
-		m.KafkaRefused, m.TopicMissing, m.OrderViolations)
+		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss)
 	return m
 }
 

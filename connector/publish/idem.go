@@ -211,6 +211,9 @@ func (p *Producer) idemPromise(r *kgo.Record, err error) {
 		p.log.Debug("Kafka refused a record's batch; it is a suspect", "topic", r.Topic, "partition", r.Partition, "lsn", wal.FormatLSN(ev.Row.Source.LSN), "err", err)
 		herr = fmt.Errorf("Kafka refused records of topic %q: %w; reading again from the confirmed position, where each is produced alone", r.Topic, err)
 	default: // transient, or the session ends anyway
+		if isDataLoss(err) {
+			p.dataLoss(r.Topic, err)
+		}
 		herr = fmt.Errorf("produce to Kafka (topic %q): %w; reading again from the confirmed position", r.Topic, err)
 	}
 	im := &p.idm
@@ -293,6 +296,9 @@ func (p *Producer) aloneIdem(ctx context.Context, ev wal.Event, rec *kgo.Record,
 		return fmt.Errorf("%w: produce to Kafka: %w", ErrFenced, err)
 	case faultFatal:
 		return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics, IDEMPOTENT_WRITE on the cluster)", rec.Topic), Err: err}
+	}
+	if isDataLoss(err) {
+		p.dataLoss(rec.Topic, err)
 	}
 	return fmt.Errorf("produce a record to Kafka alone (topic %q): %w", rec.Topic, err)
 }

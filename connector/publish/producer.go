@@ -101,6 +101,9 @@ type Producer struct {
 
 	pubVecs sync.Map // topic -> prometheus.Counter, to skip label hashing per event
 
+	lossMu   sync.Mutex
+	lossSeen map[string]bool // topics whose data loss this session reported (dataLoss)
+
 	mu  sync.Mutex // guards txn.failed, which promises write
 	txn txnState   // transactional mode: the open Kafka transaction
 	idm idemState  // idempotent mode
@@ -150,6 +153,22 @@ func ClientOpts(maxBuffered, maxMessageBytes int, compression string, linger tim
 		kgo.ProducerBatchCompression(codec),
 		kgo.ProducerLinger(linger),
 		kgo.UnknownTopicRetries(-1),
+		// OUT_OF_ORDER_SEQUENCE_NUMBER (or UNKNOWN_PRODUCER_ID) means the
+		// partition lost records of this producer that Kafka had acked. By
+		// default franz-go's idempotent producer then takes a new epoch,
+		// resets its sequence numbers and resends what it holds, where it
+		// can no longer tell a duplicate from a first write nor keep the
+		// batches in flight in order (sink.go, handleReqRespBatch), and
+		// says so only at info level. ProducerOnDataLossDetected would
+		// count it and let that go on. Stopping instead fails the
+		// partition's records with the error: the session ends (classify:
+		// transient) and the next reads the WAL again from the confirmed
+		// position, in order, so nothing unconfirmed is lost or reordered;
+		// the producer counts it and logs it at error (dataLoss), since
+		// what Kafka lost of the confirmed events only the outbox table
+		// can give back. A transactional producer fails the records so in
+		// any case.
+		kgo.StopProducerOnDataLossDetected(),
 		// A topic just created has no leaders for a moment; the default
 		// 5s between metadata refreshes would stall its first records.
 		kgo.MetadataMinAge(250 * time.Millisecond),
@@ -484,6 +503,34 @@ func (p *Producer) waitTopic(ctx context.Context, topic string) error {
 		}
 		backoff = min(backoff*2, 30*time.Second)
 	}
+}
+
+// isDataLoss reports Kafka's answers that it lost, or forgot, records of
+// this producer it had acked (see ClientOpts).
+func isDataLoss(err error) bool {
+	return errors.Is(err, kerr.OutOfOrderSequenceNumber) || errors.Is(err, kerr.UnknownProducerID)
+}
+
+// dataLoss says aloud, once per session and topic, that Kafka answered a
+// record of topic with err, a sign of data loss (isDataLoss); the record
+// fails, and the session ends. It may run on franz-go's promise goroutine:
+// it does not block.
+func (p *Producer) dataLoss(topic string, err error) {
+	p.lossMu.Lock()
+	seen := p.lossSeen[topic]
+	if !seen {
+		if p.lossSeen == nil {
+			p.lossSeen = map[string]bool{}
+		}
+		p.lossSeen[topic] = true
+	}
+	p.lossMu.Unlock()
+	if seen {
+		return
+	}
+	p.metrics.KafkaDataLoss.WithLabelValues(topic).Inc()
+	p.log.Error("Kafka may have lost records of this producer that it had acknowledged (an unclean leader election, a truncated log): events confirmed before may be missing from the topic; compare the topic with the outbox table and re-insert what is missing. This session ends; the next reads the WAL again from the confirmed position",
+		"topic", topic, "err", err)
 }
 
 // known records that topic exists.

@@ -307,6 +307,10 @@ func (p *Producer) recordErrors() error {
 				topic = p.txn.recs[i].topic
 			}
 			fatal = &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics and the transactional id)", topic), Err: err}
+		case faultTransient:
+			if i >= 0 && isDataLoss(err) {
+				p.dataLoss(p.txn.recs[i].topic, err)
+			}
 		case faultRecord:
 			if i >= 0 {
 				r := &p.txn.recs[i]
