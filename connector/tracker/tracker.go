@@ -24,6 +24,7 @@ type Txn struct {
 	abandoned bool
 	events    bool
 	since     time.Time // when Begin was read, for the oldest-unacked age
+	gen       uint64    // the tracker's gen at Begin: a Reset since forgot tx
 }
 
 // Tracker is safe for concurrent use: the stream goroutine adds, producer
@@ -59,7 +60,13 @@ type Tracker struct {
 	// the session got into it.
 	droppedAcked int
 	ended        bool // Reset was called: the session it counted for ended
-	changed      chan struct{}
+	// gen counts Resets. A transaction begun before the last one was
+	// forgotten by it: its records' acks and abandons, which may still
+	// come (franz-go runs promises on its own goroutine, even after the
+	// client is closed), move none of the counts, or the in-flight count
+	// went negative and the next session's counts were off.
+	gen     uint64
+	changed chan struct{}
 }
 
 // New returns a tracker whose positions start at start (the slot's
@@ -83,6 +90,7 @@ func (t *Tracker) signal() {
 func (t *Tracker) Begin(end LSN) *Txn {
 	tx := &Txn{t: t, end: end, since: time.Now()}
 	t.mu.Lock()
+	tx.gen = t.gen
 	t.queue = append(t.queue, tx)
 	t.mu.Unlock()
 	return tx
@@ -98,16 +106,21 @@ func (tx *Txn) Add() {
 	t.mu.Unlock()
 }
 
-// Done marks one record of tx as acked (or durably dead-lettered).
+// Done marks one record of tx as acked (or durably dead-lettered). For a
+// transaction a Reset forgot it counts nothing.
 func (tx *Txn) Done() {
 	t := tx.t
 	t.mu.Lock()
 	tx.pending--
-	t.inFlight--
 	if tx.pending < 0 {
 		t.mu.Unlock()
 		panic("tracker: Done called more often than Add")
 	}
+	if tx.gen != t.gen {
+		t.mu.Unlock()
+		return
+	}
+	t.inFlight--
 	tx.acks++
 	t.ackedOpen++
 	t.progress++
@@ -123,8 +136,12 @@ func (tx *Txn) Abandon() {
 	t := tx.t
 	t.mu.Lock()
 	tx.pending--
-	t.inFlight--
 	tx.abandoned = true
+	if tx.gen != t.gen {
+		t.mu.Unlock()
+		return
+	}
+	t.inFlight--
 	t.mu.Unlock()
 	t.signal()
 }
@@ -150,6 +167,7 @@ func (t *Tracker) Reset() {
 	t.inFlight = 0
 	t.ackedOpen = 0
 	t.ended = true
+	t.gen++
 	t.received = t.acked
 	t.mu.Unlock()
 	t.signal()
