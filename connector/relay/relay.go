@@ -353,7 +353,19 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	}
 	defer rconn.Close(context.WithoutCancel(ctx))
 
-	created, err := wal.EnsurePublication(setupCtx, conn, r.cfg.Publication, r.schema, r.table)
+	// The publication is created only together with a new slot (before
+	// it, so that it exists at the slot's consistent point); for a slot
+	// that exists a missing publication stops the connector (see
+	// wal.EnsurePublication).
+	info, slotExists, err := wal.GetSlot(setupCtx, conn, r.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	var existing *wal.SlotInfo
+	if slotExists {
+		existing = &info
+	}
+	created, err := wal.EnsurePublication(setupCtx, conn, r.cfg.Publication, r.schema, r.table, existing)
 	if err != nil {
 		return err
 	}

@@ -70,7 +70,7 @@ func TestEnsurePublicationLive(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			created, err := EnsurePublication(ctx, conn, pub, tt.schema, tt.table)
+			created, err := EnsurePublication(ctx, conn, pub, tt.schema, tt.table, nil)
 			if tt.fatal != "" {
 				var fe *FatalError
 				if !errors.As(err, &fe) || !strings.Contains(err.Error(), tt.fatal) {
@@ -195,7 +195,7 @@ func TestEnsurePublicationFiltersLive(t *testing.T) {
 			if _, err := conn.Exec(ctx, strings.ReplaceAll(tt.setup, "%s", pub)); err != nil {
 				t.Fatal(err)
 			}
-			_, err := EnsurePublication(ctx, conn, pub, tt.schema, "outbox")
+			_, err := EnsurePublication(ctx, conn, pub, tt.schema, "outbox", nil)
 			if len(tt.fatal) == 0 {
 				if err != nil {
 					t.Fatalf("EnsurePublication: %v; want it accepted", err)
@@ -232,10 +232,10 @@ func TestEnsurePublicationOldServerLive(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	if _, err := EnsurePublication(ctx, conn, "old_pub", "filt", "outbox"); err != nil {
+	if _, err := EnsurePublication(ctx, conn, "old_pub", "filt", "outbox", nil); err != nil {
 		t.Fatalf("EnsurePublication on %s: %v", pg.Version, err)
 	}
-	if _, err := EnsurePublication(ctx, conn, "old_created", "filt", "outbox"); err != nil {
+	if _, err := EnsurePublication(ctx, conn, "old_created", "filt", "outbox", nil); err != nil {
 		t.Fatalf("EnsurePublication (creating it) on %s: %v", pg.Version, err)
 	}
 }

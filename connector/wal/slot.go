@@ -148,11 +148,19 @@ FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $2 AND p
 // when it is missing and the role may. It returns whether it created the
 // publication.
 //
+// It creates it only for a slot about to be created (slot nil): a slot's
+// changes are decoded with the publication as it was when each was written,
+// so a publication created after the slot (or dropped and created again)
+// cannot give what was written before it. PostgreSQL 13 to 17 fail the
+// stream at the first such change, 18 skips it silently. For a slot that
+// exists, a missing publication is refused with the slot's position and the
+// way out.
+//
 // A partitioned outbox needs publish_via_partition_root: without it
 // pgoutput names the partition a row went into, which the stream cannot
 // take for the outbox; such a publication is refused with the ALTER that
 // fixes it.
-func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table string) (bool, error) {
+func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table string, slot *SlotInfo) (bool, error) {
 	// qtable and qpub are for the statements an error suggests; the
 	// statements run here quote every name (pgx.Identifier).
 	var kind, qtable, qpub string
@@ -174,6 +182,9 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 	}
 	createSQL := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)", pgx.Identifier{pub}.Sanitize(), pgx.Identifier{schema, table}.Sanitize(), with)
 	created := false
+	if !exists && slot != nil {
+		return false, missingPublication(slot.Name, pub, slot.ConfirmedFlush, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s);", qpub, qtable, with))
+	}
 	if !exists {
 		if _, err := conn.Exec(ctx, createSQL); err != nil {
 			var pgErr *pgconn.PgError
@@ -232,6 +243,20 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 		"Publish the whole table: ALTER PUBLICATION %s SET TABLE %s; (SET TABLE replaces the publication's list of tables: if it publishes other tables too, list them after it, as they are). "+
 		"PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so events written before the fix stay filtered in the slot; they are still in the outbox table",
 		pub, what, qpub, qtable)
+}
+
+// missingPublication is the error for a publication that is missing for a
+// slot that exists (at the start, or at a point of the WAL the stream
+// reached): confirmed is the slot's position, up to which everything is
+// published; create is the statement that makes the publication.
+func missingPublication(slot, pub string, confirmed uint64, create string) error {
+	return Fatalf("publication %q does not exist for changes that replication slot %q still has to send (its confirmed position is %s): it was dropped, or created after the slot. "+
+		"PostgreSQL decodes each change with the publication as it was when the change was written, so changes written while it was missing cannot be read through it, and creating it now does not bring them back "+
+		"(PostgreSQL 13 to 17 fail the stream at the first of them, 18 skips them without an error); the connector stopped before confirming any of them, and creates a publication only together with a new slot. "+
+		"Events written since %s may be in the outbox table only. The way out: drop the slot (SELECT pg_drop_replication_slot('%s');) and start the connector once with OUTBOX_ACCEPT_SLOT_RESET=true: "+
+		"it creates the publication, then a new slot, and publishes the rows the outbox table holds as the initial snapshot (OUTBOX_SNAPSHOT=initial, the default): those published before are published again (duplicates), and events already deleted from the table are not recovered; check for them. "+
+		"If nothing was written to the database while it was missing, creating it again (%s) is enough; if something was, the stream stops at it with this error",
+		pub, slot, FormatLSN(confirmed), FormatLSN(confirmed), slot, create)
 }
 
 // CreateSlot creates the logical slot with pgoutput on the replication
