@@ -63,8 +63,11 @@ func TestClientOptsSettings(t *testing.T) {
 // TestRecordSizeCoversBatch: recordSize, by which a record over
 // OUTBOX_KAFKA_MAX_MESSAGE_BYTES goes to the dead-letter table without
 // being offered to Kafka, is never below what the record takes in a
-// record batch of its own (Kafka's max.message.bytes counts the batch), for
-// records as the router makes them: a topic outbox.event.<type>, headers.
+// record batch of its own as franz-go measures it against
+// ProducerBatchMaxBytes (which ClientOpts sets to that limit; Kafka's
+// max.message.bytes counts 4 bytes less), for records as the router makes
+// them: a topic outbox.event.<type>, headers. An estimate below it would
+// offer Kafka a record that cannot fit.
 func TestRecordSizeCoversBatch(t *testing.T) {
 	var cases []*kgo.Record
 	for _, k := range []int{0, 1, 36, 200} {
@@ -86,9 +89,9 @@ func TestRecordSizeCoversBatch(t *testing.T) {
 	}
 }
 
-// batchBytes is the size of a record batch holding r alone, as Kafka
-// counts it against max.message.bytes: the v2 batch header (61 bytes)
-// and the record.
+// batchBytes is the size of a record batch holding r alone as franz-go
+// counts it (recBatch.tryBuffer): recordBatchOverhead, 65 bytes (the v2
+// batch header, 61, and its length prefix), and the record.
 func batchBytes(r *kgo.Record) int {
 	kr := kmsg.Record{Key: r.Key, Value: r.Value}
 	for _, h := range r.Headers {
@@ -96,7 +99,7 @@ func batchBytes(r *kgo.Record) int {
 	}
 	body := len(kr.AppendTo(nil)) - 1 // AppendTo writes Length (0 here) as one byte
 	kr.Length = int32(body)
-	return 61 + len(kr.AppendTo(nil))
+	return 65 + len(kr.AppendTo(nil))
 }
 
 // routed returns the record the router makes of row, with the headers
@@ -597,7 +600,25 @@ func TestTopicCreated(t *testing.T) {
 	topic := "outbox.event." + aggType
 	t.Run("retried", func(t *testing.T) {
 		c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, dlq))
-		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: topic, Err: kerr.RequestTimedOut, Count: 2})
+		// First an answer that lacks the topic (an error of the request,
+		// not of the topic), then the topic's REQUEST_TIMED_OUT.
+		answered := 0
+		c.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			r := req.(*kmsg.CreateTopicsRequest)
+			if len(r.Topics) != 1 || r.Topics[0].Topic != topic || answered == 2 {
+				c.KeepControl()
+				return nil, nil, false
+			}
+			c.KeepControl()
+			answered++
+			resp := r.ResponseKind().(*kmsg.CreateTopicsResponse)
+			if answered == 2 {
+				st := kmsg.NewCreateTopicsResponseTopic()
+				st.Topic, st.ErrorCode = topic, kerr.RequestTimedOut.Code
+				resp.Topics = append(resp.Topics, st)
+			}
+			return resp, nil, true
+		})
 		m := newSession(t, brokers, Config{DLQTopic: dlq, TopicCreate: true, TopicPartitions: 3}, sessionOpts{}).start()
 		start := time.Now()
 		m.send(100, eventRow("id", "e1", aggType, "a", `{}`, 90, 100))
