@@ -107,6 +107,21 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 		select {
 		case ev, ok := <-in:
 			if !ok {
+				if p.unfinished() {
+					// The stream stopped inside a PostgreSQL transaction
+					// (a graceful stop's grace ran out, or it failed):
+					// nothing of that transaction can be confirmed, the
+					// next session reads it again whole. Committed, what
+					// of it is open here would be published twice;
+					// aborted, it is not, and nothing is lost: what else
+					// the Kafka transaction holds is undone too and read
+					// again. (What earlier Kafka transactions committed of
+					// it is published again all the same: see README,
+					// "Delivery guarantees".)
+					p.log.Info("the stream stopped inside a PostgreSQL transaction; aborting the open Kafka transaction, which the next session writes again")
+					p.abort()
+					return nil
+				}
 				if err := p.commit(ctx); err != nil {
 					return fail(err)
 				}
@@ -202,6 +217,21 @@ func (p *Producer) txnPromise(r *kgo.Record, err error) {
 	p.txn.failed[i] = err
 	p.mu.Unlock()
 	p.txn.bad.Store(true)
+}
+
+// unfinished reports whether the open Kafka transaction holds a record of
+// a PostgreSQL transaction whose commit the stream did not read. Called
+// once the stream closed its channel: every commit it read is recorded.
+func (p *Producer) unfinished() bool {
+	if !p.txn.open {
+		return false
+	}
+	for i := len(p.txn.recs) - 1; i >= 0; i-- {
+		if !p.txn.recs[i].txn.Committed() {
+			return true
+		}
+	}
+	return false
 }
 
 // loadMark is how many events waiting after a commit mean load.

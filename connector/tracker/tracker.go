@@ -146,6 +146,15 @@ func (tx *Txn) Abandon() {
 	t.signal()
 }
 
+// Committed reports whether tx's commit was received: a transaction the
+// stream stopped inside can never be confirmed, and is read again whole.
+func (tx *Txn) Committed() bool {
+	t := tx.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return tx.committed
+}
+
 // Reset forgets every transaction that is not acked, once nothing is in
 // flight: after a stream ends, the next one re-reads them from the slot's
 // confirmed position. received falls back to acked.
