@@ -159,3 +159,76 @@ func delivered(c *testenv.Consumer, want []testenv.Event) int {
 	}
 	return n
 }
+
+// TestPublicationMissingMidStream (issue 13, review findings 1 and 2): the
+// publication is dropped, events are written, and it is created again, so
+// that the start check passes: on PostgreSQL 15 while the connector is
+// stopped, on 18 while it streams. The slot still has the changes written
+// while it was missing, which cannot be decoded through it: 15 fails the
+// stream at the first of them (SQLSTATE 42704), which was retried forever
+// (a wedge that never counted as a stall), 18 skips them with a warning,
+// and the connector confirmed them unpublished. Either way the stream must
+// stop with a FatalError that names the publication and the way out, before
+// the slot's confirmed position passes the first of those events.
+func TestPublicationMissingMidStream(t *testing.T) {
+	for _, tc := range []struct {
+		major   int
+		running bool
+	}{{15, false}, {18, true}} {
+		name := fmt.Sprintf("PG%d/stopped", tc.major)
+		if tc.running {
+			name = fmt.Sprintf("PG%d/streaming", tc.major)
+		}
+		t.Run(name, func(t *testing.T) {
+			pg := pgMajor(t, tc.major)
+			brokers := testenv.SharedKafka(t)
+			ctx := context.Background()
+			conn := pg.Conn(t, "outbox")
+			aggType := uniqueType("pubmid")
+			cfg := testConfig(t, pg.DSN("outbox"), brokers)
+			c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+			w := testenv.NewWriter()
+
+			run := startRelay(t, cfg)
+			run.waitStreaming(t)
+			w.Write(t, ctx, conn, aggType, 20, 4, 5)
+			c.WaitFor(t, w.Events, 30*time.Second)
+			if !tc.running {
+				if err := run.stop(t); err != nil {
+					t.Fatalf("relay stopped with %v", err)
+				}
+			}
+			if _, err := conn.Exec(ctx, "DROP PUBLICATION outbox_pub"); err != nil {
+				t.Fatal(err)
+			}
+			gap := currentLSN(t, conn)
+			w.Write(t, ctx, conn, aggType, 3, 3, 1)
+			missing := w.Snapshot()[20:]
+			if _, err := conn.Exec(ctx, "CREATE PUBLICATION outbox_pub FOR TABLE public.outbox WITH (publish = 'insert')"); err != nil {
+				t.Fatal(err)
+			}
+			// Written after it exists again: decodable, but behind the gap.
+			w.Write(t, ctx, conn, aggType, 2, 2, 1)
+			if !tc.running {
+				run = startRelay(t, cfg)
+			}
+			err := waitFatal(t, run, 30*time.Second, func() string {
+				return "slot confirmed_flush_lsn " + wal.FormatLSN(slotConfirmed(t, conn, cfg.Slot)) + " (the gap begins at " + wal.FormatLSN(gap) + "), " +
+					strconv.Itoa(delivered(c, missing)) + " of the 3 events written while the publication was missing delivered, " +
+					strconv.Itoa(delivered(c, w.Snapshot()[23:])) + " of the 2 after it"
+			})
+			for _, want := range []string{`"outbox_pub"`, `"outbox_slot"`, "pg_drop_replication_slot", "OUTBOX_ACCEPT_SLOT_RESET=true"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the error does not say %q: %v", want, err)
+				}
+			}
+			t.Logf("stopped: %v", err)
+			if after := slotConfirmed(t, conn, cfg.Slot); after > gap {
+				t.Errorf("the slot confirmed %s, past the first event written while the publication was missing (after %s)", wal.FormatLSN(after), wal.FormatLSN(gap))
+			}
+			if n := delivered(c, missing); n != 0 {
+				t.Errorf("%d of the events written while the publication was missing in Kafka; want none (they cannot be decoded)", n)
+			}
+		})
+	}
+}

@@ -247,10 +247,11 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 
 // missingPublication is the error for a publication that is missing for a
 // slot that exists (at the start, or at a point of the WAL the stream
-// reached): confirmed is the slot's position, up to which everything is
-// published; create is the statement that makes the publication.
+// reached): confirmed is the position up to which everything is published
+// (the slot's confirmed position, or what the stream acked); create is the
+// statement that makes the publication.
 func missingPublication(slot, pub string, confirmed uint64, create string) error {
-	return Fatalf("publication %q does not exist for changes that replication slot %q still has to send (its confirmed position is %s): it was dropped, or created after the slot. "+
+	return Fatalf("publication %q does not exist for changes that replication slot %q still has to send after %s: it was dropped, or created after the slot. "+
 		"PostgreSQL decodes each change with the publication as it was when the change was written, so changes written while it was missing cannot be read through it, and creating it now does not bring them back "+
 		"(PostgreSQL 13 to 17 fail the stream at the first of them, 18 skips them without an error); the connector stopped before confirming any of them, and creates a publication only together with a new slot. "+
 		"Events written since %s may be in the outbox table only. The way out: drop the slot (SELECT pg_drop_replication_slot('%s');) and start the connector once with OUTBOX_ACCEPT_SLOT_RESET=true: "+

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -135,7 +136,7 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 	})
 	cancelStart()
 	if err != nil {
-		return classifyStart(s.Slot, s.Publication, err)
+		return s.classifyStart(start, err)
 	}
 	s.rels = make(map[uint32]*relation)
 	s.readDeadline = time.Time{}
@@ -212,7 +213,11 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 				return err
 			}
 		case *pgproto3.ErrorResponse:
-			return classifyStream(s.Slot, pgconn.ErrorResponseToPgError(m))
+			return s.classifyStream(pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.NoticeResponse:
+			if err := s.notice(m); err != nil {
+				return err
+			}
 		case *pgproto3.CopyDone:
 			return fmt.Errorf("server ended the replication stream of slot %q", s.Slot)
 		}
@@ -572,26 +577,65 @@ func (s *Stream) Finish(ctx context.Context, persist func(context.Context) uint6
 
 // classifyStart turns START_REPLICATION errors into fatal ones where the
 // operator must act.
-func classifyStart(slot, pub string, err error) error {
+func (s *Stream) classifyStart(start uint64, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "42704": // undefined_object: slot or publication missing
 			if bytes.Contains([]byte(pgErr.Message), []byte("publication")) {
-				return &FatalError{Msg: fmt.Sprintf("publication %q does not exist; create it: CREATE PUBLICATION %s FOR TABLE public.outbox WITH (publish = 'insert');", pub, pub), Err: err}
+				return s.missingPublication(start, err)
 			}
-			return &FatalError{Msg: fmt.Sprintf("replication slot %q does not exist (dropped while the connector ran?): events may have been skipped; see OUTBOX_ACCEPT_SLOT_RESET in the README", slot), Err: err}
+			return &FatalError{Msg: fmt.Sprintf("replication slot %q does not exist (dropped while the connector ran?): events may have been skipped; see OUTBOX_ACCEPT_SLOT_RESET in the README", s.Slot), Err: err}
 		case "55000": // object_not_in_prerequisite_state: invalidated slot
-			return &FatalError{Msg: fmt.Sprintf("replication slot %q cannot be streamed (invalidated?): events were skipped; drop it and restart to take a new snapshot", slot), Err: err}
+			return &FatalError{Msg: fmt.Sprintf("replication slot %q cannot be streamed (invalidated?): events were skipped; drop it and restart to take a new snapshot", s.Slot), Err: err}
 		}
 	}
-	return classifyStream(slot, err)
+	return s.classifyStream(err)
 }
 
-func classifyStream(slot string, err error) error {
+// classifyStream turns an error of the running stream into a fatal one where
+// retrying cannot help: an invalidated slot (55000), and a publication that
+// did not exist when the change being decoded was written (42704: pgoutput
+// looks it up with the catalog as of that change, so every session fails at
+// the same change, forever, with nothing in flight).
+func (s *Stream) classifyStream(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55000" {
-		return &FatalError{Msg: fmt.Sprintf("slot %q: %s", slot, pgErr.Message), Err: err}
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "55000":
+			return &FatalError{Msg: fmt.Sprintf("slot %q: %s", s.Slot, pgErr.Message), Err: err}
+		case pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication"):
+			return s.missingPublication(s.Tracker.Acked(), err)
+		}
 	}
-	return fmt.Errorf("stream slot %q: %w", slot, err)
+	return fmt.Errorf("stream slot %q: %w", s.Slot, err)
+}
+
+// notice stops the stream at PostgreSQL 18's warning that it skipped the
+// publication (`skipped loading publication "outbox_pub"`, "The publication
+// does not exist at this point in the WAL"): from 18 on, pgoutput decodes a
+// change written while the publication was missing as if it published
+// nothing, where 13 to 17 fail with 42704, and the keepalive after it would
+// confirm past it. The warning comes before that keepalive on the stream,
+// so nothing of it is confirmed. The message may be translated, and its
+// code (55000 in 18) is no promise; the unlocalized severity and the quoted
+// publication name are kept. So any warning naming the publication stops
+// the stream: fail closed, since a stop is loud and a skip is silent.
+func (s *Stream) notice(m *pgproto3.NoticeResponse) error {
+	if m.SeverityUnlocalized != "WARNING" || !strings.Contains(m.Message, `"`+s.Publication+`"`) {
+		return nil
+	}
+	n := pgconn.PgError{Severity: m.Severity, SeverityUnlocalized: m.SeverityUnlocalized, Code: m.Code, Message: m.Message, Detail: m.Detail, Hint: m.Hint}
+	return s.missingPublication(s.Tracker.Acked(), &n)
+}
+
+func (s *Stream) missingPublication(after uint64, cause error) error {
+	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'); for a partitioned outbox WITH (publish = 'insert', publish_via_partition_root = true)",
+		pgx.Identifier{s.Publication}.Sanitize(), pgx.Identifier{s.Schema, s.Table}.Sanitize())
+	err := missingPublication(s.Slot, s.Publication, after, create)
+	var fe *FatalError
+	if errors.As(err, &fe) {
+		fe.Err = cause
+	}
+	return err
 }
