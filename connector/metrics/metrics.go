@@ -39,8 +39,9 @@ type Metrics struct {
 	// after an earlier record of their key had failed: consumers may see
 	// them before it. Expected to stay 0 (see publish's idemPromise).
 	OrderViolations prometheus.Counter
-	// KafkaDataLoss counts, by topic, the sessions in which Kafka answered
-	// a produce with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID:
+	// KafkaDataLoss counts the sessions in which Kafka answered a produce
+	// with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID, by the topic
+	// of the first record it failed:
 	// it may have lost records it had acknowledged (an unclean leader
 	// election). Each ends its session (publish.ClientOpts).
 	KafkaDataLoss *prometheus.CounterVec
@@ -114,7 +115,7 @@ func New() *Metrics {
 		}),
 		KafkaDataLoss: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_connector_kafka_data_loss_detections_total",
-			Help: "Detections, once per session and topic, of Kafka answering a produce with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID: records it had acknowledged may be lost (an unclean leader election); the session ends and reads the WAL again from the confirmed position.",
+			Help: "Detections, once per session, of Kafka answering a produce with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID, by the topic of the first record it failed: records it had acknowledged may be lost (an unclean leader election); the session ends and reads the WAL again from the confirmed position.",
 		}, []string{"topic"}),
 		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_snapshot_events_total",

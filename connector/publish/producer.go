@@ -101,8 +101,7 @@ type Producer struct {
 
 	pubVecs sync.Map // topic -> prometheus.Counter, to skip label hashing per event
 
-	lossMu   sync.Mutex
-	lossSeen map[string]bool // topics whose data loss this session reported (dataLoss)
+	lossSeen atomic.Bool // this session reported a sign of data loss (dataLoss)
 
 	mu  sync.Mutex // guards txn.failed, which promises write
 	txn txnState   // transactional mode: the open Kafka transaction
@@ -511,21 +510,14 @@ func isDataLoss(err error) bool {
 	return errors.Is(err, kerr.OutOfOrderSequenceNumber) || errors.Is(err, kerr.UnknownProducerID)
 }
 
-// dataLoss says aloud, once per session and topic, that Kafka answered a
-// record of topic with err, a sign of data loss (isDataLoss); the record
-// fails, and the session ends. It may run on franz-go's promise goroutine:
-// it does not block.
+// dataLoss says aloud, once per session, that Kafka answered a record of
+// topic with err, a sign of data loss (isDataLoss); the record fails, and
+// the session ends. Once: franz-go fails the producer ID with that error,
+// and records of other topics produced before the session halts fail with
+// it too, though Kafka said nothing of them. It may run on franz-go's
+// promise goroutine: it does not block.
 func (p *Producer) dataLoss(topic string, err error) {
-	p.lossMu.Lock()
-	seen := p.lossSeen[topic]
-	if !seen {
-		if p.lossSeen == nil {
-			p.lossSeen = map[string]bool{}
-		}
-		p.lossSeen[topic] = true
-	}
-	p.lossMu.Unlock()
-	if seen {
+	if p.lossSeen.Swap(true) {
 		return
 	}
 	p.metrics.KafkaDataLoss.WithLabelValues(topic).Inc()
