@@ -224,7 +224,10 @@ func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool)
 		case ctx.Err() != nil:
 			return err
 		case err == nil:
-			continue
+			// A session returns nil only when stopping (above): anything
+			// else is a cause lost on the way, and restarting at once, with
+			// no backoff, could loop.
+			err = errors.New("the session ended with no error while the connector runs")
 		case errors.Is(err, lease.ErrLost) && !t.Valid():
 			return err
 		case errors.Is(err, lease.ErrLost):
@@ -544,7 +547,13 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		// The term ended: whatever failed on the way out, the cause is that.
 		return t.Err()
 	}
-	if prodErr != nil && !errors.Is(prodErr, context.Canceled) {
+	// A producer error wrapping context.Canceled is the stop's own only
+	// when this session is stopping (the term's end returned above).
+	// Otherwise it is a failure (idempotent mode: records of another
+	// partition failed with the halted session's context before the refused
+	// batch's promise said why), and taken for a stop it restarted the
+	// session at once, with no backoff and its reason lost.
+	if prodErr != nil && (ctx.Err() == nil || !errors.Is(prodErr, context.Canceled)) {
 		return prodErr
 	}
 	if streamErr != nil {
