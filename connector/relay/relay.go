@@ -207,7 +207,8 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // leadTerm streams during one term, reconnecting after transient failures.
-// It returns when ctx is done (nil after a graceful stop), when the term
+// It returns when ctx is done (nil after a graceful stop, whatever step it
+// cut, unless the session failed fatally), when the term
 // ends (its error wraps lease.ErrLost), or on a fatal error.
 func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool) error {
 	l := &leadership{term: t, headers: []kgo.RecordHeader{{Key: TokenHeader, Value: []byte(strconv.FormatInt(t.Token, 10))}}}
@@ -222,7 +223,13 @@ func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool)
 		case tctx.Err() != nil:
 			return t.Err()
 		case ctx.Err() != nil:
-			return err
+			// A graceful stop: an error now is the stop's own (a step of
+			// setup or of the snapshot cut by the cancelled context), and
+			// the process exits 0. A fatal one still says what to fix.
+			if wal.IsFatal(err) {
+				return err
+			}
+			return nil
 		case err == nil:
 			// A session returns nil only when stopping (above): anything
 			// else is a cause lost on the way, and restarting at once, with
