@@ -9,6 +9,7 @@ package redrive
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,12 +69,22 @@ func ensureTopic(ctx context.Context, cl *kgo.Client, topic string) error {
 	return nil
 }
 
-// rowFrom rebuilds a row from a JSON object of column text values and a JSON
-// object of column type OIDs.
+// rowFrom rebuilds a row from a JSON object of column values and a JSON
+// object of column type OIDs. A value is its text, null, or, for one that
+// PostgreSQL text cannot hold (a NUL byte, bytes that are not UTF-8), the
+// {"base64": ...} object the connector stores it as.
 func rowFrom(values, types []byte) (*route.Row, error) {
-	var vals map[string]*string
-	if err := json.Unmarshal(values, &vals); err != nil {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(values, &raw); err != nil {
 		return nil, fmt.Errorf("dead letter value is not a JSON object of columns: %w", err)
+	}
+	vals := make(map[string]*string, len(raw))
+	for name, r := range raw {
+		v, err := columnValue(r)
+		if err != nil {
+			return nil, fmt.Errorf("dead letter column %q: %w", name, err)
+		}
+		vals[name] = v
 	}
 	oids := map[string]uint32{}
 	if len(types) > 0 {
@@ -95,6 +106,27 @@ func rowFrom(values, types []byte) (*route.Row, error) {
 		row.Columns = append(row.Columns, c)
 	}
 	return row, nil
+}
+
+// columnValue reads one value of row_data: a string, null, or
+// {"base64": "<its bytes>"}.
+func columnValue(r json.RawMessage) (*string, error) {
+	var s *string
+	if err := json.Unmarshal(r, &s); err == nil {
+		return s, nil
+	}
+	var b struct {
+		Base64 *string `json:"base64"`
+	}
+	if err := json.Unmarshal(r, &b); err != nil || b.Base64 == nil {
+		return nil, fmt.Errorf("value %s is neither text, null nor {\"base64\": ...}", r)
+	}
+	v, err := base64.StdEncoding.DecodeString(*b.Base64)
+	if err != nil {
+		return nil, fmt.Errorf("base64 value: %w", err)
+	}
+	out := string(v)
+	return &out, nil
 }
 
 const selectDeadLetters = `
