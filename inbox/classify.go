@@ -26,6 +26,15 @@ const (
 	// handler does with it) and the same attempt fails the same way again.
 	// It counts as an attempt; after MaxAttempts the record is a dead letter.
 	faultRecord
+	// faultDeployment: the database lacks what the code expects (a table,
+	// column, function or privilege: the handler deployed before its
+	// migration or grant, the inbox's own table missing). Every record fails
+	// alike until an operator acts, then passes: retried like faultDB, but
+	// logged at error level, since it does not pass with time alone.
+	faultDeployment
+	// faultDependency: the handler said the failure passes (Transient): a
+	// service it calls. Retried like faultDB.
+	faultDependency
 )
 
 func (f fault) String() string {
@@ -34,6 +43,10 @@ func (f fault) String() string {
 		return "database"
 	case faultRecord:
 		return "record"
+	case faultDeployment:
+		return "deployment"
+	case faultDependency:
+		return "dependency"
 	}
 	return "unknown"
 }
@@ -66,6 +79,29 @@ func recordState(code string) bool {
 	return false
 }
 
+// deploymentState reports whether a SQLSTATE says that the database lacks an
+// object or a privilege the statement names: undefined table (42P01), column
+// (42703), function (42883) or other object such as a type or a role
+// (42704), a missing schema (3F000), insufficient privilege (42501). These
+// are the signature of a handler deployed before its migration or grant, or
+// of a grant revoked: every record fails alike, and all pass once the
+// migration runs, with no change to the code or the records. Dead-lettering
+// them would skip every event of the deployment window, against "never skip
+// a real event", so they are retried aloud, although the issue placed class
+// 42 with the record. The rest of class 42 stays the record's: a syntax error
+// (42601), a type mismatch (42804), an ambiguous name (42702) need the
+// statement to change, which no migration does, and a statement built from
+// the payload makes them the record's own; after the fix they are redriven.
+// A handler that builds identifiers from the payload (so that an undefined
+// column is the record's) wraps the error with Permanent.
+func deploymentState(code string) bool {
+	switch code {
+	case "42P01", "42703", "42883", "42704", "42501", "3F000":
+		return true
+	}
+	return false
+}
+
 // transientState reports whether a SQLSTATE is about the database's state,
 // which passes with time:
 //
@@ -91,7 +127,7 @@ func transientState(code string) bool {
 // are the record's, as they would be from the handler. So is a COMMIT that
 // answered ROLLBACK (a statement of the handler failed and the handler
 // returned nil anyway, which it will do again) and a transaction the handler
-// closed itself. Everything else (a transient SQLSTATE, a connection broken
+// closed itself; a deploymentState is the deployment's. Everything else (a transient SQLSTATE, a connection broken
 // during COMMIT, whose outcome the next attempt finds in the table, a class
 // this cannot place) is the database's.
 func classifyCommit(err error) fault {
@@ -99,7 +135,11 @@ func classifyCommit(err error) fault {
 	case errors.Is(err, pgx.ErrTxCommitRollback), errors.Is(err, pgx.ErrTxClosed):
 		return faultRecord
 	}
-	if code := sqlState(err); code != "" && recordState(code) {
+	code := sqlState(err)
+	switch {
+	case deploymentState(code):
+		return faultDeployment // a deferred trigger meeting a table not yet migrated
+	case code != "" && recordState(code):
 		return faultRecord
 	}
 	return faultDB
@@ -109,13 +149,17 @@ func classifyCommit(err error) fault {
 // table (the dedupe INSERT, the read of a taken id, a redrive's UPDATE, the
 // dead-letter mark). Their text is fixed and only the record's values vary,
 // so only the data-dependent classes are the record's: 22 (the id or a
-// value the column refuses), 23, 54 (an index row too large). Class 42 here
-// is the deployment's (the table missing, a privilege revoked, a schema
-// from an older version): every record would fail alike, so it is retried
-// aloud like an outage instead of dead-lettering the whole topic. So is
-// everything else the database says.
+// value the column refuses), 23, 54 (an index row too large). Class 42 (and
+// 3F000) here is the deployment's (the table missing, a privilege revoked, a
+// schema from an older version): every record would fail alike, so it is
+// retried aloud instead of dead-lettering the whole topic. Everything else
+// the database says is the database's.
 func classifyDedupe(err error) fault {
-	if code := sqlState(err); code != "" && recordState(code) && !strings.HasPrefix(code, "42") {
+	code := sqlState(err)
+	switch {
+	case deploymentState(code), strings.HasPrefix(code, "42"):
+		return faultDeployment
+	case code != "" && recordState(code):
 		return faultRecord
 	}
 	return faultDB
@@ -126,17 +170,26 @@ func classifyDedupe(err error) fault {
 // statement timeout, a deadlock or a serialization failure says nothing about
 // the record, and dead-lettering it would mark a real event done after one
 // contention episode. So is an error that pgconn says never reached the
-// server. An error wrapped with Permanent is the record's whatever it wraps
-// (the handler has decided); so is anything else, the handler's own verdict
-// on the record included.
+// server. An error wrapped with Transient is the dependency's (the handler
+// has decided), a deploymentState the deployment's. An error wrapped with
+// Permanent is the record's whatever it wraps (the handler has decided); so
+// is anything else, the handler's own verdict on the record included: an
+// error the inbox cannot place would, retried without limit, wedge the
+// partition.
 func classifyHandler(err error) fault {
 	if errors.Is(err, ErrPermanent) {
 		return faultRecord
 	}
-	if code := sqlState(err); code != "" && transientState(code) {
-		return faultDB
+	if errors.Is(err, ErrTransient) {
+		return faultDependency
 	}
-	if pgconn.SafeToRetry(err) {
+	code := sqlState(err)
+	switch {
+	case code != "" && transientState(code):
+		return faultDB
+	case deploymentState(code):
+		return faultDeployment
+	case pgconn.SafeToRetry(err):
 		return faultDB
 	}
 	return faultRecord

@@ -18,9 +18,10 @@ func pgErr(code string) error {
 
 // TestClassifyOwn: the inbox's own statements fail for the record on the
 // data-dependent SQLSTATEs; COMMIT, which runs the handler's deferred work,
-// also on class 42 and when it answered ROLLBACK; everything else is the
-// database's (or the deployment's: the table missing is not a record's
-// fault, and dead-lettering every record for it would be a skip).
+// also on class 42 (but an object or privilege missing) and when it answered
+// ROLLBACK; everything else is the database's or the deployment's (the table
+// missing is not a record's fault, and dead-lettering every record for it
+// would be a skip).
 func TestClassifyOwn(t *testing.T) {
 	for _, c := range []struct {
 		name           string
@@ -31,8 +32,11 @@ func TestClassifyOwn(t *testing.T) {
 		{"value too long", pgErr("22001"), faultRecord, faultRecord},
 		{"deferred unique violation at commit", pgErr("23505"), faultRecord, faultRecord},
 		{"index row too large", pgErr("54000"), faultRecord, faultRecord},
-		{"undefined table or column", pgErr("42P01"), faultDB, faultRecord},
-		{"permission denied", pgErr("42501"), faultDB, faultRecord},
+		{"undefined table", pgErr("42P01"), faultDeployment, faultDeployment},
+		{"undefined column", pgErr("42703"), faultDeployment, faultDeployment},
+		{"permission denied", pgErr("42501"), faultDeployment, faultDeployment},
+		{"schema missing", pgErr("3F000"), faultDeployment, faultDeployment},
+		{"syntax error", pgErr("42601"), faultDeployment, faultRecord},
 		{"commit answered rollback", fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback), faultDB, faultRecord},
 		{"handler closed the transaction", fmt.Errorf("commit: %w", pgx.ErrTxClosed), faultDB, faultRecord},
 		{"connection failure", pgErr("08006"), faultDB, faultDB},
@@ -101,7 +105,8 @@ func TestValidateID(t *testing.T) {
 }
 
 // TestClassifyHandler: a transient SQLSTATE the handler raised is the
-// database's; Permanent and anything else are the record's.
+// database's, an object or privilege missing the deployment's, Transient the
+// dependency's; Permanent and anything else are the record's.
 func TestClassifyHandler(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -117,6 +122,15 @@ func TestClassifyHandler(t *testing.T) {
 		{"raise exception in a trigger", pgErr("P0001"), faultRecord},
 		{"the handler's verdict", errors.New("unknown currency"), faultRecord},
 		{"permanent wrapping a transient state", Permanent(pgErr("40001")), faultRecord},
+		{"transient: a gateway's 503", Transient(errors.New("payment gateway: 503")), faultDependency},
+		{"permanent wins over transient", Permanent(Transient(errors.New("503"))), faultRecord},
+		{"undefined column: deployed before its migration", pgErr("42703"), faultDeployment},
+		{"undefined table", pgErr("42P01"), faultDeployment},
+		{"undefined function", pgErr("42883"), faultDeployment},
+		{"undefined type", pgErr("42704"), faultDeployment},
+		{"permission denied", pgErr("42501"), faultDeployment},
+		{"syntax error stays the record's", pgErr("42601"), faultRecord},
+		{"datatype mismatch stays the record's", pgErr("42804"), faultRecord},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got := classifyHandler(c.err); got != c.want {

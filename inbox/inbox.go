@@ -27,7 +27,12 @@
 // of Kafka itself are not the record's fault and are retried without limit
 // (with backoff), never dead-lettered: a transient SQLSTATE (connection,
 // resources, operator intervention, serialization failure, deadlock, lock
-// timeout) counts as the database's even when the handler raised it. Each
+// timeout) counts as the database's even when the handler raised it; a
+// table, column, function, other object or privilege missing (42P01, 42703,
+// 42883, 42704, 42501, 3F000: a handler deployed before its migration or
+// grant) is the deployment's, retried and logged at error level until it is
+// there; an error the handler wraps with Transient (a service it calls) is
+// retried too. Each
 // attempt's transaction has TxTimeout (30s) to end; a handler it cuts has
 // failed an attempt. A dead letter Kafka refuses for good (too large for
 // the DLQ topic or the client, an ACL denial) is never skipped: after a few
@@ -144,7 +149,10 @@ type Stats struct {
 	// DeadLettered too), never skipped as a duplicate.
 	IDReused int64
 	// TransientRetries counts attempts that failed for the database (or
-	// the way to it) and were retried without counting towards MaxAttempts.
+	// the way to it), for the deployment (a table, column, function or
+	// privilege missing) or for a dependency (Transient), and were retried
+	// without counting towards MaxAttempts; inbox_retries_total tells them
+	// apart by its fault label.
 	TransientRetries int64
 	// Redriven counts dead-lettered ids taken back by a record carrying
 	// RedriveHeader (the handler then ran; see Processed for its commits).
@@ -162,6 +170,7 @@ type Consumer struct {
 
 	processed, duplicates, deadLettered, retries, cleaned atomic.Int64
 	reused, transient, redriven                           atomic.Int64
+	deployment, dependency                                atomic.Int64 // retries by fault, beside transient (faultDB)
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -255,7 +264,8 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 func (c *Consumer) Stats() Stats {
 	return Stats{Processed: c.processed.Load(), Duplicates: c.duplicates.Load(),
 		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Cleaned: c.cleaned.Load(),
-		IDReused: c.reused.Load(), TransientRetries: c.transient.Load(), Redriven: c.redriven.Load()}
+		IDReused: c.reused.Load(), Redriven: c.redriven.Load(),
+		TransientRetries: c.transient.Load() + c.deployment.Load() + c.dependency.Load()}
 }
 
 // Client is the Consumer's franz-go client (for metrics or lag checks).
@@ -347,6 +357,17 @@ var ErrPermanent = errors.New("permanent failure")
 
 // Permanent wraps err so that the record goes to the DLQ without retries.
 func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
+
+// ErrTransient marks a handler error that passes on retry and says nothing
+// about the record: a service the handler calls is unavailable or busy.
+var ErrTransient = errors.New("transient failure")
+
+// Transient wraps err so that the record is retried with backoff, without
+// limit and without counting towards MaxAttempts, never dead-lettered (a
+// payment gateway answering 503, a rate limit). The record's partition waits
+// meanwhile: wrap only failures that pass. The retries are logged and counted
+// in inbox_retries_total{fault="dependency"}. Permanent wins over Transient.
+func Transient(err error) error { return fmt.Errorf("%w: %w", ErrTransient, err) }
 
 // Header returns a record header's value ("" when absent).
 func Header(r *kgo.Record, key string) string {

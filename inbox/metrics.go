@@ -15,7 +15,9 @@ import (
 //	inbox_dead_lettered_total   records sent to the DLQ topic
 //	inbox_id_reused_total       records whose id was processed with another payload (dead-lettered)
 //	inbox_retries_total{fault}  failed attempts retried: fault="record" (counts towards
-//	                            MaxAttempts) or "database" (retried without limit)
+//	                            MaxAttempts), "database", "deployment" (a table, column,
+//	                            function or privilege missing) or "dependency" (the
+//	                            handler's Transient), the last three retried without limit
 //	inbox_redriven_total        dead-lettered ids taken back by a redrive
 //	inbox_cleaned_total         expired ids deleted
 type collector struct {
@@ -34,7 +36,7 @@ func newCollector(c *Consumer) *collector {
 		duplicates:   d("inbox_duplicates_total", "Records skipped because their id was already processed with the same payload."),
 		deadLettered: d("inbox_dead_lettered_total", "Records sent to the DLQ topic."),
 		reused:       d("inbox_id_reused_total", "Records whose id was already processed with a different payload; each is dead-lettered, never skipped."),
-		retries:      d("inbox_retries_total", "Failed attempts retried, by whose fault: record (counts towards MaxAttempts) or database (retried without limit).", "fault"),
+		retries:      d("inbox_retries_total", "Failed attempts retried, by whose fault: record (counts towards MaxAttempts); database, deployment (a table, column, function or privilege missing) or dependency (inbox.Transient), retried without limit.", "fault"),
 		clean:        d("inbox_cleaned_total", "Expired processed ids deleted."),
 		redriven:     d("inbox_redriven_total", "Dead-lettered ids taken back by a record carrying the inbox.redrive header."),
 	}
@@ -56,7 +58,9 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.deadLettered, s.DeadLettered)
 	counter(m.reused, s.IDReused)
 	counter(m.retries, s.Retries, faultRecord.String())
-	counter(m.retries, s.TransientRetries, faultDB.String())
+	counter(m.retries, m.c.transient.Load(), faultDB.String())
+	counter(m.retries, m.c.deployment.Load(), faultDeployment.String())
+	counter(m.retries, m.c.dependency.Load(), faultDependency.String())
 	counter(m.clean, s.Cleaned)
 	counter(m.redriven, s.Redriven)
 }

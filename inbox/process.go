@@ -69,6 +69,16 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 		case res.fault == faultDB:
 			c.transient.Add(1)
 			c.log.Warn("inbox transaction failed; retrying", "id", id, "topic", rec.Topic, "err", res.err)
+		case res.fault == faultDependency:
+			c.dependency.Add(1)
+			c.log.Warn("the handler reports a transient failure; retrying", "id", id, "topic", rec.Topic, "err", res.err)
+		case res.fault == faultDeployment:
+			// Error level: this passes only when someone acts, and the
+			// partition waits until then.
+			c.deployment.Add(1)
+			c.log.Error("the database lacks a table, column, function or privilege the statement needs "+
+				"(a migration or grant not applied yet?); retrying until it is there, the record is not dead-lettered",
+				"id", id, "topic", rec.Topic, "partition", rec.Partition, "sqlstate", sqlState(res.err), "err", res.err)
 		default:
 			attempts++
 			if errors.Is(res.err, ErrPermanent) || attempts >= c.cfg.MaxAttempts {
