@@ -5,10 +5,12 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
 	"github.com/pgoutbox/pgoutbox/connector/config"
@@ -89,8 +91,11 @@ func TestRulesUseConnectorMetrics(t *testing.T) {
 	}
 }
 
-// exportedMetrics is what a new relay's registry gathers: the gauges
-// computed at scrape time and every metric without labels.
+// exportedMetrics is what a new relay's registry gathers (the gauges
+// computed at scrape time and every metric without labels), and the
+// labelled counters of metrics.Metrics, which appear with their first
+// observation: a rule may read those only through increase() or rate(),
+// where a series not there yet means "none", never through absent().
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	var cfg config.Config
@@ -108,6 +113,21 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	names := map[string]bool{}
 	for _, mf := range mfs {
 		names[mf.GetName()] = true
+	}
+	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
+	v := reflect.ValueOf(m).Elem()
+	for i := range v.NumField() {
+		vec, ok := v.Field(i).Interface().(*prometheus.CounterVec)
+		if !ok || vec == nil {
+			continue
+		}
+		descs := make(chan *prometheus.Desc, 1)
+		go func() { vec.Describe(descs); close(descs) }()
+		for d := range descs {
+			if sub := fqName.FindStringSubmatch(d.String()); sub != nil {
+				names[sub[1]] = true
+			}
+		}
 	}
 	return names
 }
