@@ -14,11 +14,18 @@
 // (SQLSTATE 23514: the DEFAULT partition's new constraint would be violated).
 // Maintain therefore makes each new partition as a standalone table, moves
 // the day's DEFAULT rows into it and attaches it, in one transaction: the
-// rows are never in two places nor in none, and the move publishes nothing
-// (the standalone table is outside the publication until it is attached, so
-// the connector does not deliver the moved events again). Attaching takes a
-// SHARE UPDATE EXCLUSIVE lock on the parent, which writers do not wait for,
-// and ACCESS EXCLUSIVE on the DEFAULT partition; each is waited for at most
+// rows are never in two places nor in none. The move publishes nothing,
+// under any publication (FOR TABLE, FOR TABLES IN SCHEMA, FOR ALL TABLES):
+// the table is UNLOGGED while the rows go in, which logical decoding never
+// sees, and is made logged (a rewrite, which decoding skips) before it is
+// attached, so the connector neither delivers the moved events again nor
+// stops at inserts named by the new partition. This is decoding's
+// behaviour, proved on PostgreSQL 13 to 18; on another major a move that a
+// FOR ALL TABLES or FOR TABLES IN SCHEMA publication could publish is
+// refused (that day's create fails with the reason, its rows stay in
+// DEFAULT, the rest of maintenance goes on). Attaching takes a SHARE UPDATE
+// EXCLUSIVE lock on the parent, which writers do not wait for, and ACCESS
+// EXCLUSIVE on the DEFAULT partition; each is waited for at most
 // LockTimeout and held at most MoveTimeout. DEFAULT rows whose day expired
 // are deleted like a dropped partition's.
 package partition
@@ -156,7 +163,7 @@ func Maintain(ctx context.Context, db DB, cfg Config) (Result, error) {
 		if existing[name] {
 			continue
 		}
-		moved, err := create(ctx, db, cfg, parent, pgx.Identifier{schema, name}.Sanitize(), def, day)
+		moved, err := create(ctx, db, cfg, schema, parent, pgx.Identifier{schema, name}.Sanitize(), def, day)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("partition: create %s: %w", name, err))
 			continue
@@ -183,7 +190,7 @@ func Maintain(ctx context.Context, db DB, cfg Config) (Result, error) {
 			continue
 		}
 		stmt := "DROP TABLE IF EXISTS " + pgx.Identifier{schema, name}.Sanitize()
-		if err := inTx(ctx, db, cfg, func(step stepFunc) error { _, err := step(stmt); return err }); err != nil {
+		if err := inTx(ctx, db, cfg, func(step stepFunc, _ queryFunc) error { _, err := step(stmt); return err }); err != nil {
 			errs = append(errs, fmt.Errorf("partition: drop %s: %w", name, err))
 			continue
 		}
@@ -249,29 +256,53 @@ func defaultPartition(ctx context.Context, db DB, parent string) (string, error)
 // so no row for the day can slip into DEFAULT between the move and the
 // attach. The parent is locked before the DEFAULT partition, in the order
 // ATTACH itself locks them, so two maintenance runs cannot deadlock.
-// Inserting into the standalone table publishes nothing: it joins the
-// publication (through the parent) only when attached.
-func create(ctx context.Context, db DB, cfg Config, parent, part, def string, day time.Time) (moved int64, err error) {
+//
+// The move must publish nothing, under any publication. A standalone table
+// in the outbox's schema is published by FOR ALL TABLES and FOR TABLES IN
+// SCHEMA publications under its own name, and the connector stops at an
+// insert named by a partition of the outbox (every restart reads it
+// again); on 13 and 14 even a FOR TABLE publication is hurt, since pgoutput
+// caches "not published" for the table and keeps sending nothing for it
+// after the attach, until the walsender restarts. So the table is made
+// UNLOGGED, which logical decoding never sees (no WAL for its rows, and no
+// publication includes it), the rows are moved into it, and SET LOGGED then
+// copies it into a new, logged heap, which decoding skips as a table
+// rewrite (pg_class.relrewrite), as for VACUUM FULL or CLUSTER. Only then
+// is it attached: the first change decoded for it is a writer's, through
+// the parent. SET LOGGED takes ACCESS EXCLUSIVE on the new table alone,
+// which nobody else can see before commit; the copy counts against
+// MoveTimeout like the move. TestMaintainMovePublishesNothing proves this
+// on 13 to 18; on another major (see verifiedMajors) a move under a
+// publication that would publish the table is refused instead.
+func create(ctx context.Context, db DB, cfg Config, schema, parent, part, def string, day time.Time) (moved int64, err error) {
 	from, to := day.Format("2006-01-02 15:04:05Z07:00"), day.AddDate(0, 0, 1).Format("2006-01-02 15:04:05Z07:00")
-	err = inTx(ctx, db, cfg, func(step stepFunc) error {
+	err = inTx(ctx, db, cfg, func(step stepFunc, query queryFunc) error {
 		if _, err := step("LOCK TABLE ONLY " + parent + " IN SHARE UPDATE EXCLUSIVE MODE"); err != nil {
 			return err
 		}
-		if def != "" {
+		if def == "" {
+			if _, err := step("CREATE TABLE " + part + " (LIKE " + parent + " INCLUDING ALL)"); err != nil {
+				return err
+			}
+		} else {
 			if _, err := step("LOCK TABLE ONLY " + def + " IN ACCESS EXCLUSIVE MODE"); err != nil {
 				return err
 			}
-		}
-		if _, err := step("CREATE TABLE " + part + " (LIKE " + parent + " INCLUDING ALL)"); err != nil {
-			return err
-		}
-		if def != "" {
+			if err := refuseUnverifiedMove(query, schema, parent, part, def, from, to, day); err != nil {
+				return err
+			}
+			if _, err := step("CREATE UNLOGGED TABLE " + part + " (LIKE " + parent + " INCLUDING ALL)"); err != nil {
+				return err
+			}
 			tag, err := step(`WITH moved AS (DELETE FROM `+def+` WHERE created_at >= $1 AND created_at < $2 RETURNING *)
 INSERT INTO `+part+` SELECT * FROM moved`, from, to)
 			if err != nil {
 				return fmt.Errorf("move the DEFAULT partition's rows of the day: %w", err)
 			}
 			moved = tag.RowsAffected()
+			if _, err := step("ALTER TABLE " + part + " SET LOGGED"); err != nil {
+				return fmt.Errorf("make the partition logged after the move: %w", err)
+			}
 		}
 		_, err := step(fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')", parent, part, from, to))
 		return err
@@ -280,6 +311,82 @@ INSERT INTO `+part+` SELECT * FROM moved`, from, to)
 		return 0, err
 	}
 	return moved, nil
+}
+
+// verifiedMajors are the PostgreSQL majors on which the move is proved to
+// publish nothing (TestMaintainMovePublishesNothing): the UNLOGGED table
+// and the skipped rewrite are decoding's behaviour, not a documented
+// promise, so on another major a move that a publication could publish is
+// refused rather than trusted.
+var verifiedMajors = [2]int{13, 18}
+
+const serverVersionSQL = `SELECT current_setting('server_version_num')::int`
+
+// coveringPublicationsSQL lists the publications that would publish a new
+// table in schema $1 by themselves: FOR ALL TABLES, and (15 and later) FOR
+// TABLES IN SCHEMA.
+const coveringPublicationsSQL = `SELECT pubname, 'FOR ALL TABLES' FROM pg_publication WHERE puballtables
+UNION ALL
+SELECT p.pubname, 'FOR TABLES IN SCHEMA ' || quote_ident(n.nspname)
+FROM pg_publication p
+JOIN pg_publication_namespace pn ON pn.pnpubid = p.oid
+JOIN pg_namespace n ON n.oid = pn.pnnspid
+WHERE n.nspname = $1
+ORDER BY 1`
+
+const coveringPublicationsSQL14 = `SELECT pubname, 'FOR ALL TABLES' FROM pg_publication WHERE puballtables AND $1::text IS NOT NULL ORDER BY 1`
+
+// refuseUnverifiedMove returns an error when the server is not of a
+// verified major, DEFAULT holds rows of the day, and a publication would
+// publish the new table by itself: the day's partition is then not
+// created, its rows stay in DEFAULT (found by readers, deleted when their
+// day expires) and the rest of maintenance goes on.
+func refuseUnverifiedMove(query queryFunc, schema, parent, part, def, from, to string, day time.Time) error {
+	rows, err := query(serverVersionSQL)
+	if err != nil {
+		return fmt.Errorf("read the server version: %w", err)
+	}
+	version, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int])
+	if err != nil {
+		return fmt.Errorf("read the server version: %w", err)
+	}
+	major := version / 10000
+	if major >= verifiedMajors[0] && major <= verifiedMajors[1] {
+		return nil
+	}
+	if rows, err = query(`SELECT EXISTS (SELECT 1 FROM `+def+` WHERE created_at >= $1 AND created_at < $2)`, from, to); err != nil {
+		return fmt.Errorf("look for the DEFAULT partition's rows of the day: %w", err)
+	}
+	if held, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool]); err != nil || !held {
+		if err != nil {
+			err = fmt.Errorf("look for the DEFAULT partition's rows of the day: %w", err)
+		}
+		return err
+	}
+	sqlText := coveringPublicationsSQL
+	if version < 150000 {
+		sqlText = coveringPublicationsSQL14
+	}
+	if rows, err = query(sqlText, schema); err != nil {
+		return fmt.Errorf("list the publications: %w", err)
+	}
+	pubs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var name, kind string
+		err := r.Scan(&name, &kind)
+		return fmt.Sprintf("%q (%s)", name, kind), err
+	})
+	if err != nil {
+		return fmt.Errorf("list the publications: %w", err)
+	}
+	if len(pubs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("not moving the DEFAULT partition's rows of %s: on PostgreSQL %d the move is not verified to publish nothing (verified on %d to %d), "+
+		"and publication %s would publish a new table %s by itself, so the moved rows could reach the connector as inserts into a partition, which stops it; "+
+		"the rows stay in %s (readable through %s, deleted once their day expires) and so do new rows of the day. "+
+		"Publish only the outbox (a FOR TABLE %s publication with publish_via_partition_root = true, as sql/variants/outbox_partitioned.sql makes), "+
+		"and maintenance moves them at its next run",
+		day.Format("2006-01-02"), major, verifiedMajors[0], verifiedMajors[1], strings.Join(pubs, ", "), part, def, parent, parent)
 }
 
 // deleteExpiredBatch is the DEFAULT partition's expired rows per DELETE.
@@ -293,7 +400,7 @@ func deleteExpiredDefault(ctx context.Context, db DB, cfg Config, def string, be
 	var total int64
 	for {
 		var n int64
-		err := inTx(ctx, db, cfg, func(step stepFunc) error {
+		err := inTx(ctx, db, cfg, func(step stepFunc, _ queryFunc) error {
 			tag, err := step(stmt, before, deleteExpiredBatch)
 			n = tag.RowsAffected()
 			return err
@@ -341,6 +448,10 @@ func list(ctx context.Context, db DB, parent string) (map[string]bool, error) {
 // stepFunc runs one statement of a maintenance transaction.
 type stepFunc func(sql string, args ...any) (pgconn.CommandTag, error)
 
+// queryFunc runs one query of a maintenance transaction, under the same
+// timeouts as a step.
+type queryFunc func(sql string, args ...any) (pgx.Rows, error)
+
 // inTx runs f in a transaction whose lock waits are bounded by LockTimeout
 // and whose whole run by MoveTimeout: before each statement, the
 // statement_timeout is set to what is left of MoveTimeout, so that the
@@ -349,7 +460,7 @@ type stepFunc func(sql string, args ...any) (pgconn.CommandTag, error)
 // server after the connection is dropped). A long transaction holding the
 // outbox then makes maintenance give up instead of queueing every writer
 // behind its lock request.
-func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc) error) error {
+func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc, query queryFunc) error) error {
 	deadline := time.Now().Add(cfg.MoveTimeout)
 	// The client-side deadline is a backstop, a second after the server's.
 	tctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
@@ -362,12 +473,16 @@ func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc) error) e
 	if _, err := tx.Exec(tctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
 		return err
 	}
-	step := func(sql string, args ...any) (pgconn.CommandTag, error) {
+	limit := func() error {
 		left := time.Until(deadline).Milliseconds()
 		if left < 1 {
-			return pgconn.CommandTag{}, fmt.Errorf("not done within %s; the next run retries", cfg.MoveTimeout)
+			return fmt.Errorf("not done within %s; the next run retries", cfg.MoveTimeout)
 		}
-		if _, err := tx.Exec(tctx, fmt.Sprintf("SET LOCAL statement_timeout = '%dms'", left)); err != nil {
+		_, err := tx.Exec(tctx, fmt.Sprintf("SET LOCAL statement_timeout = '%dms'", left))
+		return err
+	}
+	step := func(sql string, args ...any) (pgconn.CommandTag, error) {
+		if err := limit(); err != nil {
 			return pgconn.CommandTag{}, err
 		}
 		tag, err := tx.Exec(tctx, sql, args...)
@@ -380,7 +495,13 @@ func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc) error) e
 		}
 		return tag, err
 	}
-	if err := f(step); err != nil {
+	query := func(sql string, args ...any) (pgx.Rows, error) {
+		if err := limit(); err != nil {
+			return nil, err
+		}
+		return tx.Query(tctx, sql, args...)
+	}
+	if err := f(step, query); err != nil {
 		return err
 	}
 	return tx.Commit(tctx)

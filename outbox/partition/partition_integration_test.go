@@ -44,12 +44,22 @@ func partitionedPostgres(t *testing.T) *testenv.Postgres {
 
 func startConnector(t *testing.T, pg *testenv.Postgres, brokers string) *testenv.Proc {
 	t.Helper()
+	return startConnectorEnv(t, pg, brokers, nil)
+}
+
+// startConnectorEnv is startConnector with extra settings.
+func startConnectorEnv(t *testing.T, pg *testenv.Postgres, brokers string, extra map[string]string) *testenv.Proc {
+	t.Helper()
 	port, _ := testenv.FreePort()
-	p := testenv.StartProc(t, testenv.Binary(t, "connector"), map[string]string{
+	env := map[string]string{
 		"OUTBOX_PG_DSN": pg.DSN("outbox"), "OUTBOX_KAFKA_BROKERS": brokers,
 		"OUTBOX_HTTP_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "OUTBOX_STATUS_INTERVAL": "200ms",
 		"OUTBOX_TOPIC_PARTITIONS": "3",
-	})
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
+	p := testenv.StartProc(t, testenv.Binary(t, "connector"), env)
 	deadline := time.Now().Add(60 * time.Second)
 	for !strings.Contains(p.Output(), "msg=streaming") {
 		if p.Exited() || time.Now().After(deadline) {

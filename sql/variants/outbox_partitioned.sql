@@ -57,6 +57,9 @@ COMMENT ON TABLE public.outbox IS
 
 -- publish_via_partition_root: changes of every partition, present and future,
 -- are published as changes of public.outbox, the table the connector follows.
+-- A FOR TABLES IN SCHEMA or FOR ALL TABLES publication with it works too:
+-- `maintain` moves DEFAULT rows through an UNLOGGED table made logged before
+-- it is attached, which no publication publishes (package outbox/partition).
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'outbox_pub') THEN
