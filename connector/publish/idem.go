@@ -316,9 +316,19 @@ func WatchFailures(inner kgo.Logger) kgo.Logger { return &failureWatch{inner: in
 // TestIdempotentWindowSeen fails if franz-go stops logging it so.
 const batchFailedMsg = "batch in a produce request failed"
 
+// emptyEndMsg is what franz-go (pkg/kgo/txn.go, EndTransaction, as of
+// v1.22) logs at info level, within the call, when it ends a transaction
+// as an abort whatever the caller asked, because it counts no partition as
+// added to it (see Producer.endCommit). TestTxnCommitNotDowngraded fails
+// if franz-go goes on downgrading commits without saying so.
+const emptyEndMsg = "no produce succeeded in this transaction but produces were attempted; issuing an abort to clear any server-side partition registrations"
+
 type failureWatch struct {
 	inner   kgo.Logger
 	refused atomic.Pointer[func()]
+	// emptyEnd is set when franz-go logs emptyEndMsg; a transactional
+	// producer clears it before each commit.
+	emptyEnd atomic.Bool
 }
 
 // Level is at least info, so that franz-go hands over batchFailedMsg.
@@ -330,6 +340,9 @@ func (w *failureWatch) Level() kgo.LogLevel {
 }
 
 func (w *failureWatch) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if msg == emptyEndMsg {
+		w.emptyEnd.Store(true)
+	}
 	if msg == batchFailedMsg && level <= kgo.LogLevelInfo {
 		if f := w.refused.Load(); f != nil {
 			(*f)()
