@@ -238,3 +238,146 @@ func TestMaintainDropsDespiteFailedCreate(t *testing.T) {
 		t.Errorf("%d rows in the outbox after the move (err %v), want %d", total, err, len(many)+1)
 	}
 }
+
+// TestMaintainMoveKeepsColumns: the move maps columns by name. A DEFAULT
+// partition attached from a table whose columns are in another order than
+// the parent's (aggregateid before aggregatetype, both varchar) must not
+// swap them; a generated column of the parent, which an INSERT may not
+// set, is computed again in the new partition.
+func TestMaintainMoveKeepsColumns(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup []string
+	}{
+		{"DEFAULT's columns in another order", []string{
+			`ALTER TABLE outbox DETACH PARTITION outbox_default`,
+			`DROP TABLE outbox_default`,
+			`CREATE TABLE outbox_default (id uuid NOT NULL, aggregateid varchar(255) NOT NULL, aggregatetype varchar(255) NOT NULL,
+				type varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`,
+			`ALTER TABLE outbox ATTACH PARTITION outbox_default DEFAULT`,
+		}},
+		{"a generated column", []string{
+			`ALTER TABLE outbox ADD COLUMN day date GENERATED ALWAYS AS ((created_at AT TIME ZONE 'UTC')::date) STORED`,
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pg := partitionedPostgres(t)
+			ctx := context.Background()
+			conn := pg.Conn(t, "outbox")
+			for _, stmt := range tc.setup {
+				if _, err := conn.Exec(ctx, stmt); err != nil {
+					t.Fatalf("%s: %v", stmt, err)
+				}
+			}
+			today := time.Now().UTC().Truncate(24 * time.Hour)
+			ids := insertAt(t, conn, today.AddDate(0, 0, 2).Add(time.Hour), 5)
+			res, err := partition.Maintain(ctx, conn, partition.Config{Ahead: 2})
+			if err != nil || res.Moved != 5 {
+				t.Fatalf("maintain: %+v, err %v; want 5 rows moved", res, err)
+			}
+			day2 := partition.Name("outbox", today.AddDate(0, 0, 2))
+			rows, err := conn.Query(ctx, `SELECT tableoid::regclass::text, aggregatetype, aggregateid, type, payload->>'i' FROM outbox WHERE id = ANY($1::uuid[])`, ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for rows.Next() {
+				var part, aggType, aggID, typ, i string
+				if err := rows.Scan(&part, &aggType, &aggID, &typ, &i); err != nil {
+					t.Fatal(err)
+				}
+				n++
+				if part != day2 || aggType != "Order" || aggID != "o-"+i || typ != "Placed" {
+					t.Errorf("moved row: partition %s, aggregatetype %q, aggregateid %q, type %q (payload i=%s); want %s, Order, o-%s, Placed",
+						part, aggType, aggID, typ, i, day2, i)
+				}
+			}
+			if err := rows.Err(); err != nil || n != 5 {
+				t.Errorf("%d moved rows read (err %v), want 5", n, err)
+			}
+		})
+	}
+}
+
+// TestMaintainBlockedWriterRetries: while a move holds the DEFAULT
+// partition, a transaction writing a row of the day being moved waits for
+// it and then fails with 23514 (its row no longer belongs in DEFAULT), with
+// nothing written; the same transaction again succeeds, its row in the new
+// partition. That is what the README tells writers: retry on 23514. A
+// writer of a day that has its partition does not wait.
+func TestMaintainBlockedWriterRetries(t *testing.T) {
+	pg := partitionedPostgres(t)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	insertAt(t, conn, today.AddDate(0, 0, 2), 200_000) // a move of a few seconds
+	maint := pg.Conn(t, "outbox")
+	type result struct {
+		res partition.Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := partition.Maintain(ctx, maint, partition.Config{Ahead: 2})
+		done <- result{res, err}
+	}()
+	holding := func() bool {
+		var held bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation'
+			AND relation = 'outbox_default'::regclass AND mode = 'AccessExclusiveLock' AND granted)`).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		return held
+	}
+	for deadline := time.Now().Add(20 * time.Second); !holding(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("maintenance never held the DEFAULT partition")
+		}
+	}
+
+	writer := pg.Conn(t, "outbox")
+	writeOne := func(at time.Time) (string, error) {
+		var id string
+		err := pgx.BeginFunc(ctx, writer, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at)
+				VALUES (gen_random_uuid(), 'Order', 'o-w', 'Placed', '{}', $1) RETURNING id::text`, at).Scan(&id)
+		})
+		return id, err
+	}
+	// A day with a partition: no wait, with the move still holding DEFAULT.
+	other := pg.Conn(t, "outbox")
+	if _, err := other.Exec(ctx, `SET lock_timeout = '500ms'`); err != nil {
+		t.Fatal(err)
+	}
+	var id0 string
+	if err := other.QueryRow(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at)
+		VALUES (gen_random_uuid(), 'Order', 'o-t', 'Placed', '{}', now()) RETURNING id::text`).Scan(&id0); err != nil {
+		t.Errorf("a row for today while the move runs: %v; want it written without waiting", err)
+	}
+	if !holding() {
+		t.Fatal("the move ended before the writer of today was tried; make it longer")
+	}
+
+	// The day being moved: waits, then 23514, nothing written.
+	_, err := writeOne(today.AddDate(0, 0, 2).Add(time.Hour))
+	r := <-done
+	if r.err != nil || r.res.Moved != 200_000 {
+		t.Fatalf("maintain: %+v, err %v", r.res, r.err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+		t.Fatalf("the blocked writer got %v; want SQLSTATE 23514", err)
+	}
+	t.Logf("the blocked writer: %v", err)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE aggregateid = 'o-w'`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d rows of the failed writer (err %v), want 0", n, err)
+	}
+	id, err := writeOne(today.AddDate(0, 0, 2).Add(time.Hour))
+	if err != nil {
+		t.Fatalf("the retried writer: %v", err)
+	}
+	if got := where(t, conn, []string{id})[id]; got != partition.Name("outbox", today.AddDate(0, 0, 2)) {
+		t.Errorf("the retried row is in %q, want the new partition", got)
+	}
+}
