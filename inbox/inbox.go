@@ -34,7 +34,8 @@
 // there; an error the handler wraps with Transient (a service it calls) is
 // retried too. Each
 // attempt's transaction has TxTimeout (30s) to end; a handler it cuts has
-// failed an attempt. A dead letter Kafka refuses for good (too large for
+// failed an attempt, but a lock wait fails first (lock_timeout, a third of
+// TxTimeout) and is retried as the database's. A dead letter Kafka refuses for good (too large for
 // the DLQ topic or the client, an ACL denial) is never skipped: after a few
 // tries Run returns an error wrapping ErrDeadLetterRefused, and the record
 // waits, unmarked and uncommitted, for a member that can send it.
@@ -112,10 +113,16 @@ type Config struct {
 	RetryBackoff time.Duration
 	// TxTimeout is the deadline of each attempt's transaction, the handler
 	// included (default 30s). A handler cut by it has failed an attempt
-	// (the inbox cannot tell a hung handler from a slow database): set
-	// lock_timeout or statement_timeout below it for database waits that
-	// must be retried without limit, which are transient. A handler that
-	// ignores its ctx cannot be cut; the inbox logs it.
+	// (the inbox cannot tell a hung handler from a slow database). Lock
+	// waits are kept apart: each transaction starts with lock_timeout at a
+	// third of TxTimeout (10s by default) unless the session has a lower
+	// one, so a wait for a lock held longer fails with 55P03, which is
+	// transient, and is retried without limit. Each lock acquisition has
+	// its own lock_timeout: a handler that waits for more than two locks in
+	// turn sets a lower one (SET LOCAL lock_timeout). Set statement_timeout
+	// below TxTimeout for slow statements that must be retried without
+	// limit too. A handler that ignores its ctx cannot be cut; the inbox
+	// logs it.
 	TxTimeout time.Duration
 	// MaxPollRecords bounds the records taken per poll (default 500).
 	// Rebalances wait while a poll's records are handled, and the offsets
@@ -163,6 +170,7 @@ type Stats struct {
 type Consumer struct {
 	cfg   Config
 	table string // quoted
+	begin string // beginSQL for cfg.TxTimeout
 	db    *pgxpool.Pool
 	h     Handler
 	cl    *kgo.Client
@@ -252,7 +260,8 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("inbox: create Kafka client: %w", err)
 	}
 	c := &Consumer{cfg: cfg, table: table, db: db, h: h, cl: cl,
-		log: cfg.Logger.With("component", "inbox", "group", cfg.Group)}
+		begin: fmt.Sprintf(beginSQL, lockTimeout(cfg.TxTimeout).Milliseconds()),
+		log:   cfg.Logger.With("component", "inbox", "group", cfg.Group)}
 	if err := c.register(cfg.Registerer); err != nil {
 		cl.Close()
 		return nil, err

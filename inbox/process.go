@@ -115,11 +115,34 @@ func payloadHash(value []byte) []byte {
 	return h[:]
 }
 
+// beginSQL starts an attempt's transaction (one round trip: BeginQuery goes
+// by the simple protocol, which takes several statements) with a
+// lock_timeout of %[1]d ms, a third of TxTimeout, unless the session already
+// has a lower one (the role's, the database's, the pool's). A lock wait is
+// never the record's fault, but the TxTimeout cut cannot tell it from a hung
+// handler and counts an attempt: this way a wait for a lock held longer
+// fails first, with 55P03, which is transient, and the record is retried
+// without limit instead of dead-lettered. A third, not more: each lock
+// acquisition has its own lock_timeout, and a row lock others wait for too
+// takes two (the tuple's, behind the waiter ahead, then the holder's
+// transaction), which must end before TxTimeout with time for the rest of
+// the attempt. A higher lock_timeout is lowered: at or above TxTimeout it
+// could never fire first. The handler may set its own (SET LOCAL) for the
+// rest of the transaction. Setting it server-side also ends the wait on the
+// server: a cut only makes pgx cancel and close the connection.
+const beginSQL = `BEGIN; SELECT set_config('lock_timeout', '%[1]dms', true)
+WHERE current_setting('lock_timeout')::interval NOT BETWEEN interval '1 microsecond' AND interval '%[1]d milliseconds'`
+
+// lockTimeout is the lock_timeout beginSQL sets for a TxTimeout.
+func lockTimeout(txTimeout time.Duration) time.Duration {
+	return max(time.Millisecond, (txTimeout / 3).Truncate(time.Millisecond))
+}
+
 // try runs one attempt in one transaction, which has TxTimeout to end.
 func (c *Consumer) try(parent context.Context, rec *kgo.Record, id string, hash []byte, redrive bool) result {
 	ctx, cancel := context.WithTimeout(parent, c.cfg.TxTimeout)
 	defer cancel()
-	tx, err := c.db.Begin(ctx)
+	tx, err := c.db.BeginTx(ctx, pgx.TxOptions{BeginQuery: c.begin})
 	if err != nil {
 		return failure(faultDB, fmt.Errorf("begin: %w", err))
 	}
