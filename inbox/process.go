@@ -98,13 +98,15 @@ VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (consumer, id) DO NOTHING`
 	// In READ COMMITTED this statement sees the row that made the INSERT
 	// do nothing, also when it was committed by a concurrent transaction
 	// the INSERT waited for.
-	selectSQL = `SELECT outcome, payload_sha256 FROM %s WHERE consumer = $1 AND id = $2`
+	selectSQL = `SELECT outcome, payload_sha256, redriven_sha256 FROM %s WHERE consumer = $1 AND id = $2`
 	// Takes a dead-lettered id back for a redrive. The row lock it holds
 	// until the transaction ends makes a concurrent copy of the redrive
 	// wait; that copy's WHERE then finds the outcome changed and updates
-	// nothing (and the next attempt sees a processed id: a duplicate).
+	// nothing (and the next attempt sees a processed id: a duplicate). The
+	// original payload's hash stays: a late copy of the original event is
+	// a duplicate too, not another event reusing the id.
 	redriveSQL = `UPDATE %s SET outcome = 'processed', topic = $3, kafka_partition = $4, kafka_offset = $5,
-	payload_sha256 = $6, processed_at = now() WHERE consumer = $1 AND id = $2 AND outcome = 'dead-lettered'`
+	redriven_sha256 = $6, processed_at = now() WHERE consumer = $1 AND id = $2 AND outcome = 'dead-lettered'`
 )
 
 // payloadHash is what the table keeps of a record's payload (its value) to
@@ -191,12 +193,13 @@ func (c *Consumer) try(parent context.Context, rec *kgo.Record, id string, hash 
 // seen says what a record whose id is already in the table is: a redrive
 // to apply (again is true: the id is taken back in tx) when the record
 // redrives an id that is dead-lettered; otherwise a duplicate when the
-// stored payload hash is its own (or unknown: a row written before the
-// column existed), another event reusing the id when it is not.
+// stored payload hash is its own (the first delivery's, or the one a
+// redrive applied), or unknown (a row written before the column existed),
+// another event reusing the id when it is neither.
 func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id string, hash []byte, redrive bool) (res result, again bool) {
 	var outcome string
-	var stored []byte
-	err := tx.QueryRow(ctx, fmt.Sprintf(selectSQL, c.table), c.cfg.Group, id).Scan(&outcome, &stored)
+	var stored, redriven []byte
+	err := tx.QueryRow(ctx, fmt.Sprintf(selectSQL, c.table), c.cfg.Group, id).Scan(&outcome, &stored, &redriven)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Deleted between the two statements (Cleanup, an operator): the
 		// next attempt inserts it.
@@ -207,7 +210,7 @@ func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 	}
 	if redrive && outcome == "dead-lettered" {
 		// The operator's call: the payload may have been corrected, so it
-		// is not compared, and its hash replaces the stored one.
+		// is not compared; its hash is kept beside the original's.
 		tag, err := tx.Exec(ctx, fmt.Sprintf(redriveSQL, c.table), c.cfg.Group, id, rec.Topic, rec.Partition, rec.Offset, hash)
 		if err != nil {
 			return failure(classifyDedupe(err), fmt.Errorf("take back dead-lettered id for a redrive: %w", err)), false
@@ -219,7 +222,7 @@ func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 		c.log.Info("redriving a dead letter", "id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
 		return result{}, true
 	}
-	if stored != nil && !bytes.Equal(stored, hash) {
+	if stored != nil && !bytes.Equal(stored, hash) && !bytes.Equal(redriven, hash) {
 		return result{outcome: reused, err: fmt.Errorf(
 			"id %q was already %s with a different payload (sha256 %x, this record's %x): event ids must be unique; not applied",
 			id, outcome, stored, hash)}, false

@@ -129,3 +129,62 @@ func TestRedriveAppliesDeadLetter(t *testing.T) {
 		t.Errorf("effects applied in order %v, want ev-1,ev-3,ev-2 (the later event goes on, the redrive comes last)", order)
 	}
 }
+
+// TestRedriveKeepsTheOriginalPayload (review finding 6): a dead letter
+// redriven with a corrected payload is applied, and afterwards a late copy
+// of the original event (a relay replaying it, a consumer that lost its
+// offsets) is a duplicate, as is a second copy of the redrive: the table
+// keeps the hash of both payloads. The redrive replaced the stored hash, so
+// the original's copy was dead-lettered as "id reused". A third payload under
+// the id is still dead-lettered as reused.
+func TestRedriveKeepsTheOriginalPayload(t *testing.T) {
+	e := setup(t)
+	h := func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
+		if string(r.Value) == "ok, amount as a string" {
+			return inbox.Permanent(errors.New("amount must be a number"))
+		}
+		return effectHandler(ctx, tx, r)
+	}
+	original := rec("ev-1", "ok, amount as a string")
+	original.Key = []byte("order-1")
+	e.produce(t, original)
+	c, err := inbox.New(e.pool, h, e.quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	defer stop()
+	dlq := e.dlqReader(t)
+	var dead *kgo.Record
+	waitFor(t, "ev-1 dead-lettered", 30*time.Second, func() bool {
+		dead = byID(dlq.read())["ev-1"]
+		return dead != nil
+	})
+	redrive, err := inbox.Redrive(dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redrive.Value = []byte("ok, amount as a number") // the operator corrected it
+	if err := e.prod.ProduceSync(context.Background(), redrive).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the corrected redrive applied", 30*time.Second, func() bool { return effectsOf(t, e, "ev-1") == 1 })
+	lateOriginal := rec("ev-1", "ok, amount as a string")
+	lateOriginal.Key = []byte("order-1")
+	second := &kgo.Record{Key: redrive.Key, Value: redrive.Value, Headers: redrive.Headers}
+	e.produce(t, lateOriginal, second)
+	waitFor(t, "both late copies handled", 30*time.Second, func() bool {
+		s := c.Stats()
+		return s.Duplicates+s.DeadLettered >= 3
+	})
+	if s := c.Stats(); s.Duplicates != 2 || s.DeadLettered != 1 || s.IDReused != 0 {
+		t.Errorf("stats %+v; want 2 duplicates (the original's late copy, the redrive's second copy), 1 dead letter (the first), no id reused", s)
+	}
+	third := rec("ev-1", "another event under the same id")
+	third.Key = []byte("order-1")
+	e.produce(t, third)
+	waitFor(t, "the third payload handled", 30*time.Second, func() bool { return c.Stats().IDReused >= 1 })
+	if n := effectsOf(t, e, "ev-1"); n != 1 {
+		t.Errorf("ev-1 applied %d times, want once", n)
+	}
+}

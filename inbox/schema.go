@@ -31,6 +31,7 @@ const Schema = `CREATE TABLE IF NOT EXISTS %[1]s (
     outcome         text        NOT NULL,   -- processed | dead-lettered
     processed_at    timestamptz NOT NULL DEFAULT now(),
     payload_sha256  bytea,                  -- SHA-256 of the record value; NULL in rows written before it existed
+    redriven_sha256 bytea,                  -- SHA-256 of the value a redrive applied, when there was one
     PRIMARY KEY (consumer, id)
 );
 DO $inbox$
@@ -43,6 +44,9 @@ BEGIN
     -- NULL (a repeat of such an id is a duplicate, whatever its payload).
     IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = tbl AND attname = 'payload_sha256' AND NOT attisdropped) THEN
         ALTER TABLE %[1]s ADD COLUMN IF NOT EXISTS payload_sha256 bytea;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = tbl AND attname = 'redriven_sha256' AND NOT attisdropped) THEN
+        ALTER TABLE %[1]s ADD COLUMN IF NOT EXISTS redriven_sha256 bytea;
     END IF;
     IF NOT EXISTS (SELECT FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
                    WHERE i.indrelid = tbl AND a.attname = 'processed_at') THEN
