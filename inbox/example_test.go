@@ -34,11 +34,15 @@ func Example() {
 		return err
 	}
 	c, err := inbox.New(pool, charge, inbox.Config{
-		Brokers:   []string{"127.0.0.1:9092"},
-		Group:     "billing",
-		Topics:    []string{"outbox.event.Order"},
-		DLQTopic:  "billing.dlq",
-		Retention: 7 * 24 * time.Hour, // longer than any redelivery window
+		Brokers:  []string{"127.0.0.1:9092"},
+		Group:    "billing",
+		Topics:   []string{"outbox.event.Order"},
+		DLQTopic: "billing.dlq",
+		// Retention: inbox.DefaultRetention (20 days) exceeds the duplicate
+		// window on the defaults; a deployment with other figures states
+		// them, and New refuses a Retention inside them.
+		Window: &inbox.Window{OutboxRows: 96 * time.Hour, TopicRetention: 7 * 24 * time.Hour,
+			TopicSegment: 24 * time.Hour, Lag: 24 * time.Hour}, // topics created with segment.ms of a day
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -56,7 +56,10 @@
 // Retention longer than the duplicate window, which is not only relay outage
 // plus consumer lag but also the outbox row lifetime (the connector's
 // initial snapshot republishes the table) plus the topic's retention (a
-// consumer that lost its offsets reads the topic again); see Window.
+// consumer that lost its offsets reads the topic again), plus, through the
+// outbox-router, its change topic's retention (a router that lost its
+// offsets republishes it); see Window, and state a deployment's own in
+// Config.Window.
 //
 // Records of one partition are handled in order, one at a time; partitions
 // of one poll are handled concurrently.
@@ -130,9 +133,16 @@ type Config struct {
 	MaxPollRecords int
 	// Retention is how long processed ids are kept (default
 	// DefaultRetention, 20 days): longer than the duplicate window (see
-	// Window), or a late duplicate is processed again. New warns when it is
-	// not longer than DefaultWindow's bound.
+	// Window), or a late duplicate is processed again. New refuses one
+	// that does not exceed Window's bound, and without Window warns when it
+	// does not exceed DefaultWindow's.
 	Retention time.Duration
+	// Window is this deployment's duplicate window (its outbox row lifetime,
+	// topic retention and segment.ms, the outbox-router's change topic, lag),
+	// when it is not the defaults': New checks Retention against it and
+	// refuses one that does not exceed its Bound. Default: nil, and a
+	// Retention inside DefaultWindow's bound is only warned about.
+	Window *Window
 	// CleanupInterval is how often expired ids are deleted (default 1m).
 	CleanupInterval time.Duration
 	// CleanupBatch is the number of ids per DELETE (default 1000).
@@ -225,7 +235,11 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 	if cfg.RetryBackoff <= 0 {
 		cfg.RetryBackoff = 100 * time.Millisecond
 	}
-	cfg.Retention = retentionOrDefault(cfg.Retention, cfg.Logger) // DefaultRetention; warns inside the duplicate window
+	// DefaultRetention; refused inside Config.Window, warned about inside
+	// the defaults' window without it.
+	if cfg.Retention, err = retentionOrDefault(cfg.Retention, cfg.Window, cfg.Logger); err != nil {
+		return nil, err
+	}
 	if cfg.CleanupInterval <= 0 {
 		cfg.CleanupInterval = time.Minute
 	}

@@ -19,6 +19,11 @@ const DefaultRetention = 20 * 24 * time.Hour
 //     table holds whenever a slot is created (the first start, a lost slot
 //     recreated, a failover to a server without the slot): a row written
 //     OutboxRows ago is published again now.
+//   - With the outbox-router instead of the connector: a router whose group
+//     lost its offsets (the same causes as below) reads Debezium's change
+//     topic again from its oldest record and republishes every event it
+//     holds: up to that topic's retention.ms plus segment.ms later
+//     (RouterSourceRetention, RouterSourceSegment).
 //   - A consumer whose offsets are lost (expired after
 //     offsets.retention.minutes of an empty group, reset by hand, a new
 //     partition assignment with no committed offset) starts again from the
@@ -31,8 +36,10 @@ const DefaultRetention = 20 * 24 * time.Hour
 //     after a crash or a takeover, and the consumer may be behind: Lag.
 //
 // The sources add up: a row republished by a snapshot OutboxRows after it
-// was written can be read again after an offset loss up to TopicRetention +
-// TopicSegment later, and handled Lag after that. An id must therefore be
+// was written can be republished by a router that lost its offsets up to
+// RouterSourceRetention + RouterSourceSegment later, read again after the
+// consumer's own offset loss up to TopicRetention + TopicSegment after that,
+// and handled Lag later still. An id must therefore be
 // kept longer than Bound after its first processing, or that late copy is
 // processed again.
 //
@@ -54,6 +61,12 @@ type Window struct {
 	// with outbox.Cleaner, its Retention (24h) plus the time between runs;
 	// 0 in ModeDeleteAfterInsert and ModeMessage. DefaultWindow: 96h.
 	OutboxRows time.Duration
+	// RouterSourceRetention and RouterSourceSegment are retention.ms and
+	// segment.ms of the Debezium change-event topic the outbox-router reads,
+	// for events published through it; 0 (DefaultWindow) when the
+	// connector publishes.
+	RouterSourceRetention time.Duration
+	RouterSourceSegment   time.Duration
 	// TopicRetention is retention.ms of the consumed topics. DefaultWindow:
 	// 7 days, Kafka's default, which the topics the connector creates get
 	// unless OUTBOX_TOPIC_CONFIGS says otherwise.
@@ -79,9 +92,10 @@ func DefaultWindow() Window {
 }
 
 // Bound is how late a duplicate can arrive after the first processing:
-// OutboxRows + TopicRetention + TopicSegment + Lag.
+// OutboxRows + RouterSourceRetention + RouterSourceSegment + TopicRetention +
+// TopicSegment + Lag.
 func (w Window) Bound() time.Duration {
-	return w.OutboxRows + w.TopicRetention + w.TopicSegment + w.Lag
+	return w.OutboxRows + w.RouterSourceRetention + w.RouterSourceSegment + w.TopicRetention + w.TopicSegment + w.Lag
 }
 
 // Validate returns an error when retention (Config.Retention; zero means
@@ -94,28 +108,40 @@ func (w Window) Validate(retention time.Duration) error {
 	if retention > w.Bound() {
 		return nil
 	}
-	return fmt.Errorf("inbox: Retention %s does not exceed the duplicate window of %s (outbox rows %s + topic retention.ms %s + segment.ms %s + lag %s): "+
+	return fmt.Errorf("inbox: Retention %s does not exceed the duplicate window of %s (outbox rows %s + the outbox-router's change topic "+
+		"retention.ms %s + segment.ms %s + topic retention.ms %s + segment.ms %s + lag %s): "+
 		"a duplicate arriving later is processed again; set Retention above %s, or shorten a source (a shorter outbox retention, "+
 		"ModeDeleteAfterInsert, or a topic segment.ms of a day)",
-		retention, w.Bound(), w.OutboxRows, w.TopicRetention, w.TopicSegment, w.Lag, w.Bound())
+		retention, w.Bound(), w.OutboxRows, w.RouterSourceRetention, w.RouterSourceSegment, w.TopicRetention, w.TopicSegment, w.Lag, w.Bound())
 }
 
 // retentionOrDefault is the Retention New uses: DefaultRetention for zero.
-// One that does not exceed DefaultWindow's bound is kept (a deployment with
-// shorter-lived topics or no outbox rows may be safe with it: check it with
-// Window.Validate and that deployment's figures) but said aloud, because on
-// the defaults it processes late duplicates again.
-func retentionOrDefault(retention time.Duration, log *slog.Logger) time.Duration {
+// With the deployment's own window (Config.Window) one that does not exceed
+// it is refused: the deployment said how late its duplicates can be. Without
+// it, one that does not exceed DefaultWindow's bound is kept (a deployment
+// with shorter-lived topics or no outbox rows may be safe with it; it says
+// so with Config.Window) but said aloud, because on the defaults it
+// processes late duplicates again.
+func retentionOrDefault(retention time.Duration, window *Window, log *slog.Logger) (time.Duration, error) {
 	if retention <= 0 {
-		return DefaultRetention
+		retention = DefaultRetention
+	}
+	if window != nil {
+		if err := window.Validate(retention); err != nil {
+			return 0, fmt.Errorf("%w (the window stated in Config.Window)", err)
+		}
+		return retention, nil
+	}
+	if retention == DefaultRetention {
+		return retention, nil
 	}
 	if err := DefaultWindow().Validate(retention); err != nil {
 		if log == nil {
 			log = slog.Default()
 		}
 		log.Warn("inbox Retention is inside the duplicate window of a deployment on the defaults; "+
-			"check it with inbox.Window{...}.Validate and your outbox and topic settings",
+			"state your deployment's window in Config.Window (inbox.Window{...}) to check it against your outbox and topic settings",
 			"component", "inbox", "retention", retention, "duplicate_window", DefaultWindow().Bound(), "err", err)
 	}
-	return retention
+	return retention, nil
 }

@@ -130,3 +130,81 @@ func TestWindowValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestWindowRouterSource (review finding 7): with the outbox-router, a
+// router whose group lost its offsets reads Debezium's change topic again
+// from its oldest record and republishes it: the change topic's retention.ms
+// plus segment.ms add to the window, between the snapshot's copy and the
+// consumer's own replay of the outbox topic.
+func TestWindowRouterSource(t *testing.T) {
+	direct := Window{OutboxRows: 96 * time.Hour, TopicRetention: 7 * 24 * time.Hour, TopicSegment: 24 * time.Hour, Lag: 24 * time.Hour}
+	routed := direct
+	routed.RouterSourceRetention = 7 * 24 * time.Hour
+	routed.RouterSourceSegment = 7 * 24 * time.Hour
+	if got, want := routed.Bound(), direct.Bound()+14*24*time.Hour; got != want {
+		t.Errorf("Bound with the router's change topic = %s, want %s (the direct bound plus its retention.ms and segment.ms)", got, want)
+	}
+	retention := direct.Bound() + time.Hour // enough without the router
+	if err := direct.Validate(retention); err != nil {
+		t.Fatalf("direct: %v", err)
+	}
+	err := routed.Validate(retention)
+	if err == nil {
+		t.Fatalf("Validate(%s) with the router's change topic (bound %s) accepted it", retention, routed.Bound())
+	}
+	if !strings.Contains(err.Error(), "change topic") {
+		t.Errorf("the error %q does not name the router's change topic", err)
+	}
+	if DefaultWindow().RouterSourceRetention != 0 || DefaultWindow().RouterSourceSegment != 0 {
+		t.Errorf("DefaultWindow is the connector's: no router source")
+	}
+}
+
+// TestConfigWindow (review finding 7): a deployment states its own window
+// in Config.Window. A Retention that exceeds it is accepted without the
+// warning the defaults' window would give; one that does not is refused by
+// New (the deployment said what its window is), also the default Retention
+// under a window longer than it; without Config.Window the defaults' window
+// is only warned about.
+func TestConfigWindow(t *testing.T) {
+	short := &Window{TopicRetention: 24 * time.Hour, TopicSegment: time.Hour, Lag: 12 * time.Hour} // 37h
+	long := &Window{OutboxRows: 96 * time.Hour, RouterSourceRetention: 7 * 24 * time.Hour, RouterSourceSegment: 7 * 24 * time.Hour,
+		TopicRetention: 7 * 24 * time.Hour, TopicSegment: 7 * 24 * time.Hour, Lag: 24 * time.Hour} // 33 days
+	for _, c := range []struct {
+		name      string
+		window    *Window
+		retention time.Duration
+		refused   bool
+		warned    bool
+	}{
+		{"72h inside a 37h window", short, 72 * time.Hour, false, false},
+		{"24h under a 37h window", short, 24 * time.Hour, true, false},
+		{"the default under a 33-day window", long, 0, true, false},
+		{"40 days over a 33-day window", long, 40 * 24 * time.Hour, false, false},
+		{"72h with no window said", nil, 72 * time.Hour, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			cfg := Config{Retention: c.retention, Window: c.window, Logger: slog.New(slog.NewTextHandler(&buf, nil)),
+				Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}}
+			pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			cons, err := New(pool, func(context.Context, pgx.Tx, *kgo.Record) error { return nil }, cfg)
+			if cons != nil {
+				cons.cl.Close()
+			}
+			if (err != nil) != c.refused {
+				t.Fatalf("New with Retention %s, window %v: %v; want refused %v", c.retention, c.window, err, c.refused)
+			}
+			if err != nil && (!strings.Contains(err.Error(), "Config.Window") || !strings.Contains(err.Error(), "Retention")) {
+				t.Errorf("the refusal %q does not name Config.Window and Retention", err)
+			}
+			if warned := strings.Contains(buf.String(), "level=WARN"); warned != c.warned {
+				t.Errorf("warned %v, want %v; log:\n%s", warned, c.warned, buf.String())
+			}
+		})
+	}
+}
