@@ -1072,11 +1072,17 @@ func (h *pipeline) actions() map[string]func(*rapid.T) {
 			acts[name] = f
 			continue
 		}
-		// rapid picks actions uniformly: the WAL and the stream moving
-		// come more often than any one fault.
-		n := map[string]int{"write": 4, "read": 6, "settle": 3, "tick": 2}[name]
+		// rapid picks among the actions' names, sorted, and leans towards
+		// the first ones: the WAL and the stream moving come first, and
+		// under several names, so that they come more often than any one
+		// fault.
+		n, ok := map[string]int{"write": 4, "read": 6, "settle": 3, "tick": 2, "keepalive": 1}[name]
+		group := "1 "
+		if ok {
+			group = "0 "
+		}
 		for i := range max(n, 1) {
-			acts[fmt.Sprintf("%s#%d", name, i)] = func(rt *rapid.T) {
+			acts[fmt.Sprintf("%s%s#%d", group, name, i)] = func(rt *rapid.T) {
 				f(rt)
 				h.stats.add("action "+name, 1)
 			}
