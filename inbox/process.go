@@ -319,8 +319,13 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		// A fresh record each try: franz-go sets Record.Context to the
+		// first Produce's ctx, cancelled once that try returned, and a
+		// record produced again with it fails at once ("context
+		// canceled"), every try, for ever.
+		try := *dl
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := c.cl.ProduceSync(pctx, dl).FirstErr()
+		err := c.cl.ProduceSync(pctx, &try).FirstErr()
 		cancel()
 		if err == nil {
 			break
