@@ -210,6 +210,13 @@ func refusedForGood(err error) bool {
 	return errors.As(err, &ke) && !ke.Retriable
 }
 
+// topicMissing reports whether a produce error says that the topic does not
+// exist (after franz-go's own UnknownTopicRetries): retriable for franz-go,
+// but with auto-creation off it does not pass until someone creates it.
+func topicMissing(err error) bool {
+	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
+}
+
 // MaxIDBytes is the longest id header the inbox accepts. A longer one is
 // dead-lettered at once: PostgreSQL's btree refuses an index entry over about
 // 2.7 kB (54000), and an id that long is not an event id.

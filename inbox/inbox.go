@@ -150,7 +150,9 @@ type Config struct {
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer, when set, gets the Consumer's metrics (inbox_*_total
-	// with the label group; see Stats). Default: none.
+	// with the label group; see Stats). Consumers of one group on one
+	// Registerer share the series, summed; one that replaces a Consumer
+	// whose Run ended continues them. Default: none.
 	Registerer prometheus.Registerer
 }
 
@@ -174,6 +176,9 @@ type Stats struct {
 	// Redriven counts dead-lettered ids taken back by a record carrying
 	// RedriveHeader (the handler then ran; see Processed for its commits).
 	Redriven int64
+	// CleanupFailures counts cleanup runs that failed (logged, retried at
+	// the next CleanupInterval); while they fail, the table grows.
+	CleanupFailures int64
 }
 
 // Consumer is an idempotent consumer; create it with New, run it with Run.
@@ -189,6 +194,9 @@ type Consumer struct {
 	processed, duplicates, deadLettered, retries, cleaned atomic.Int64
 	reused, transient, redriven                           atomic.Int64
 	deployment, dependency                                atomic.Int64 // retries by fault, beside transient (faultDB)
+	cleanFail                                             atomic.Int64
+
+	metrics *collector // nil without Config.Registerer
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -287,7 +295,7 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 func (c *Consumer) Stats() Stats {
 	return Stats{Processed: c.processed.Load(), Duplicates: c.duplicates.Load(),
 		DeadLettered: c.deadLettered.Load(), Retries: c.retries.Load(), Cleaned: c.cleaned.Load(),
-		IDReused: c.reused.Load(), Redriven: c.redriven.Load(),
+		IDReused: c.reused.Load(), Redriven: c.redriven.Load(), CleanupFailures: c.cleanFail.Load(),
 		TransientRetries: c.transient.Load() + c.deployment.Load() + c.dependency.Load()}
 }
 
@@ -300,8 +308,13 @@ func (c *Consumer) Client() *kgo.Client { return c.cl }
 // good (after committing what was processed before it, which it leaves to
 // the next owner).
 func (c *Consumer) Run(ctx context.Context) error {
+	if c.metrics != nil {
+		defer c.metrics.retire(c) // last: once nothing counts any more
+	}
 	defer c.cl.Close() // leaves the group, committing marked offsets (franz-go's default revoke)
-	c.ensureDLQTopic(ctx)
+	if err := c.ensureDLQTopic(ctx); err != nil {
+		c.log.Debug("could not create the DLQ topic; it may exist or be auto-created", "topic", c.cfg.DLQTopic, "err", err)
+	}
 	cctx, stopCleanup := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -402,9 +415,13 @@ func Header(r *kgo.Record, key string) string {
 	return ""
 }
 
-// ensureDLQTopic creates the DLQ topic when it is missing (best effort: a
-// broker that auto-creates topics, or an operator, may do it instead).
-func (c *Consumer) ensureDLQTopic(ctx context.Context) {
+// ensureDLQTopic creates the DLQ topic when it is missing, with the
+// broker's default partitions and replication. At Run's start it is best
+// effort (a broker that auto-creates topics, or an operator, may do it
+// instead, and Kafka may be away for a moment); deadLetter calls it again
+// when the topic turns out to be missing. It returns nil when the topic was
+// created or exists.
+func (c *Consumer) ensureDLQTopic(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := kadm.NewClient(c.cl).CreateTopic(cctx, -1, -1, nil, c.cfg.DLQTopic)
@@ -412,8 +429,9 @@ func (c *Consumer) ensureDLQTopic(ctx context.Context) {
 		err = resp.Err
 	}
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		c.log.Debug("could not create the DLQ topic; it may exist or be auto-created", "topic", c.cfg.DLQTopic, "err", err)
+		return fmt.Errorf("create DLQ topic %q: %w", c.cfg.DLQTopic, err)
 	}
+	return nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {

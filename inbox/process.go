@@ -330,18 +330,40 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 		if err == nil {
 			break
 		}
-		if !refusedForGood(err) {
+		// franz-go calls a missing topic retriable, and with auto-creation
+		// off it stays missing: create it (it was not at Run's start,
+		// Kafka being away then, or it was deleted since), then try again.
+		// One that cannot be created is refused for good like the rest.
+		missing := false
+		if topicMissing(err) {
+			cerr := c.ensureDLQTopic(ctx)
+			if cerr == nil {
+				c.log.Warn("the DLQ topic was missing; created it (or it exists by now)", "topic", c.cfg.DLQTopic)
+			} else {
+				missing = true
+				err = fmt.Errorf("%w; and it could not be created: %w", err, cerr)
+			}
+		}
+		if !missing && !refusedForGood(err) {
 			refusals = 0 // Kafka unreachable or busy: retried without limit
 		} else if refusals++; refusals >= dlqRefusals {
 			// Neither skip it (marking it would lose the event) nor loop
 			// silently: stop the member, aloud. The record is not marked
 			// and its offset not committed; the next owner tries again.
+			fix := "let the topic take it (max.message.bytes, and the client's kgo.ProducerBatchMaxBytes in KafkaOpts; the producer's ACLs)"
+			if missing {
+				fix = "the DLQ topic does not exist and the member cannot create it: create it (or grant the member CREATE on it)"
+			}
 			return fmt.Errorf("%w: the dead letter of %s/%d@%d (id %q) was refused %d times by DLQ topic %q: %w; "+
-				"the member stops rather than skip it: let the topic take it (max.message.bytes, and the client's "+
-				"kgo.ProducerBatchMaxBytes in KafkaOpts; the producer's ACLs), then start again",
-				ErrDeadLetterRefused, rec.Topic, rec.Partition, rec.Offset, l.id, refusals, c.cfg.DLQTopic, err)
+				"the member stops rather than skip it: %s, then start again",
+				ErrDeadLetterRefused, rec.Topic, rec.Partition, rec.Offset, l.id, refusals, c.cfg.DLQTopic, err, fix)
 		}
-		c.log.Warn("dead-letter produce failed; retrying", "id", l.id, "topic", c.cfg.DLQTopic, "err", err)
+		if missing {
+			c.log.Error("the DLQ topic does not exist and cannot be created; retrying, then the member stops",
+				"id", l.id, "topic", c.cfg.DLQTopic, "refusals", refusals, "err", err)
+		} else {
+			c.log.Warn("dead-letter produce failed; retrying", "id", l.id, "topic", c.cfg.DLQTopic, "err", err)
+		}
 		sleep(ctx, jitter(backoff))
 		backoff = min(backoff*2, 5*time.Second)
 	}

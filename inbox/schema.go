@@ -116,7 +116,8 @@ func (c *Consumer) cleanupLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		if n, err := c.Cleanup(ctx); err != nil && ctx.Err() == nil {
-			c.log.Warn("inbox cleanup failed; retrying at the next interval", "err", err)
+			c.cleanFail.Add(1) // inbox_cleanup_failures_total: the table stops shrinking
+			c.log.Warn("inbox cleanup failed; retrying at the next interval", "err", err, "failures", c.cleanFail.Load())
 		} else if n > 0 {
 			c.log.Debug("inbox cleanup", "deleted", n)
 		}
