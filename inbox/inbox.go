@@ -49,7 +49,9 @@
 // an event of an aggregate found there is stored behind it; resolving the
 // parked events applies them in order. To redrive a dead letter, publish the
 // DLQ record to its source topic, unchanged or as Redrive builds it: it
-// carries RedriveHeader, and the inbox applies a dead-lettered id once more.
+// carries RedriveHeader, and the inbox applies a dead-lettered id once more,
+// in the group that dead-lettered it only (ConsumerHeader); RedriveID takes
+// a dead letter written before the header existed.
 //
 // Processed ids are deleted after Retention (default DefaultRetention, 20
 // days). A duplicate that arrives later than that is processed again: keep

@@ -46,7 +46,11 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 		return c.deadLetter(ctx, rec, letter{id: id, reason: err})
 	}
 	hash := payloadHash(rec.Value)
-	redrive := Header(rec, RedriveHeader) == id
+	redrive := redriveFor(rec, id, c.cfg.Group)
+	if !redrive && Header(rec, RedriveHeader) == id {
+		c.log.Info("a redrive for another consumer group: here the id is deduplicated as usual",
+			"id", id, "redrive_group", Header(rec, ConsumerHeader), "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
+	}
 	backoff := c.cfg.RetryBackoff
 	attempts := 0
 	for {
@@ -308,7 +312,7 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 		Headers: append(headers,
 			kgo.RecordHeader{Key: "inbox.error", Value: []byte(l.reason.Error())},
 			kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(l.attempts))},
-			kgo.RecordHeader{Key: "inbox.consumer", Value: []byte(c.cfg.Group)},
+			kgo.RecordHeader{Key: ConsumerHeader, Value: []byte(c.cfg.Group)},
 			kgo.RecordHeader{Key: "inbox.source.topic", Value: []byte(rec.Topic)},
 			kgo.RecordHeader{Key: "inbox.source.partition", Value: []byte(strconv.Itoa(int(rec.Partition)))},
 			kgo.RecordHeader{Key: "inbox.source.offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},

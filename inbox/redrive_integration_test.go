@@ -188,3 +188,72 @@ func TestRedriveKeepsTheOriginalPayload(t *testing.T) {
 		t.Errorf("ev-1 applied %d times, want once", n)
 	}
 }
+
+// TestRedriveAppliesOnlyInItsGroup (review finding 9): two groups read one
+// topic, and both dead-lettered ev-1. The operator redrives group A's dead
+// letter (unchanged, and as Redrive builds it): A applies it; B, whose
+// reason has passed too but whose operator did not redrive it, does not:
+// for B the record is a duplicate of the id it dead-lettered. A redrive
+// applies in the group named by the dead letter's inbox.consumer header; it
+// applied in every group that had the id dead-lettered.
+func TestRedriveAppliesOnlyInItsGroup(t *testing.T) {
+	e := setup(t)
+	var fixed atomic.Bool
+	h := func(group string) inbox.Handler {
+		return func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
+			if string(r.Value) == "fixme" && !fixed.Load() {
+				return inbox.Permanent(errors.New("the handler cannot apply this yet"))
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, group+"/"+inbox.Header(r, "id"))
+			return err
+		}
+	}
+	e.produce(t, rec("ev-1", "fixme"))
+	var cs []*inbox.Consumer
+	for _, g := range []string{"a", "b"} {
+		cfg := e.quiet()
+		cfg.Group += "-" + g
+		c, err := inbox.New(e.pool, h(g), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+		stop := run(t, c)
+		defer stop()
+	}
+	a, b := cs[0], cs[1]
+	dlq := e.dlqReader(t)
+	var deadA *kgo.Record
+	waitFor(t, "ev-1 dead-lettered by both groups", 30*time.Second, func() bool {
+		n := 0
+		for _, r := range dlq.read() {
+			n++
+			if inbox.Header(r, "inbox.consumer") == e.quiet().Group+"-a" {
+				deadA = r
+			}
+		}
+		return n == 2 && deadA != nil
+	})
+	fixed.Store(true)
+	raw := &kgo.Record{Topic: inbox.Header(deadA, "inbox.source.topic"), Key: deadA.Key, Value: deadA.Value,
+		Headers: append([]kgo.RecordHeader(nil), deadA.Headers...)}
+	built, err := inbox.Redrive(deadA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prod.ProduceSync(context.Background(), raw, built).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both redrive copies handled by both groups", 30*time.Second, func() bool {
+		return a.Stats().Processed+a.Stats().Duplicates >= 2 && b.Stats().Processed+b.Stats().Duplicates >= 2
+	})
+	if n := effectsOf(t, e, "a/ev-1"); n != 1 {
+		t.Errorf("group a applied its redriven ev-1 %d times, want once", n)
+	}
+	if n := effectsOf(t, e, "b/ev-1"); n != 0 {
+		t.Errorf("group b applied ev-1 %d times from group a's redrive, want 0 (b's dead letter was not redriven); stats %+v", n, b.Stats())
+	}
+	if s := b.Stats(); s.Redriven != 0 || s.Duplicates != 2 {
+		t.Errorf("group b: stats %+v; want no redrive, 2 duplicates", s)
+	}
+}
