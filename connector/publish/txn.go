@@ -268,6 +268,12 @@ func (p *Producer) commit(ctx context.Context) error {
 	if err := p.recordErrors(); err != nil {
 		return err
 	}
+	if p.txn.bad.Load() {
+		// A record of it failed and recordErrors said so before, to a
+		// caller that went on: a transaction that lost a record never
+		// commits, or the record would be acked unpublished.
+		return errors.New("a record of the open Kafka transaction failed; aborting it and reading again from the confirmed position")
+	}
 	// Checked after the flush, right before the commit: a leader past its
 	// deadline (a process resumed after a freeze) commits nothing. Kafka's
 	// fencing covers the rest of the way.
@@ -404,6 +410,15 @@ func (p *Producer) recordErrors() error {
 // committed first. A refusal is a *refusedError, the transaction aborted.
 func (p *Producer) aloneTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool) error {
 	if err := p.commit(ctx); err != nil {
+		var rf *refusedError
+		if errors.As(err, &rf) {
+			// Kafka refused records of the open transaction, not this
+			// one, which was not produced: no verdict on it (alone takes
+			// a *refusedError for its refusal). The session ends; those
+			// records are suspects now, and this one is produced alone
+			// in the next session.
+			return errors.New(rf.Error())
+		}
 		return err
 	}
 	if err := p.sendTxn(ctx, ev, id, rec, intended, dlq); err != nil {
