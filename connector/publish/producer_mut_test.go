@@ -726,30 +726,184 @@ func TestTopicLimit(t *testing.T) {
 }
 
 // TestMissingTopicLooksBackOff: without OUTBOX_TOPIC_CREATE, a missing
-// topic is looked for again after 1 s, then 2 s (growing to 30 s), each
-// time said aloud; not in a loop. Nothing is acked while it is missing.
+// topic, or one whose lookup fails, is looked for again after 1 s, then
+// 2 s (growing to 30 s), each time said aloud; not in a loop. Nothing is
+// acked meanwhile, and the session's end does not unsay it (the topic is
+// still missing; the next session looks again).
 func TestMissingTopicLooksBackOff(t *testing.T) {
-	s := uniq()
-	aggType, dlq := "look"+s, "dlq"+s
-	_, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, dlq))
-	var looks atomic.Int64
-	cfg := Config{DLQTopic: dlq, TopicCreate: false, Blocked: func(reason string) {
-		if reason != "" {
-			looks.Add(1)
+	for _, tc := range []struct {
+		name, says string
+		fault      *kerr.Error
+	}{
+		{"missing", "does not exist", nil},
+		{"lookup fails", "cannot tell whether topic", kerr.UnknownServerError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := uniq()
+			aggType, dlq := "look"+s, "dlq"+s
+			c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, dlq))
+			if tc.fault != nil {
+				c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: "outbox.event." + aggType, Err: tc.fault, Count: -1})
+			}
+			var looks atomic.Int64
+			var last atomic.Pointer[string]
+			cfg := Config{DLQTopic: dlq, TopicCreate: false, Blocked: func(reason string) {
+				if reason != "" {
+					looks.Add(1)
+				}
+				last.Store(&reason)
+			}}
+			m := newSession(t, brokers, cfg, sessionOpts{}).start()
+			m.send(100, eventRow("id", "e1", aggType, "a", `{}`, 90, 100))
+			// Looks at 0 and 1 s; the next at 3 s.
+			time.Sleep(1700 * time.Millisecond)
+			m.cancel()
+			if err := m.wait(5 * time.Second); !errors.Is(err, context.Canceled) {
+				t.Errorf("Run: %v; want the context's end", err)
+			}
+			if n := looks.Load(); n != 2 {
+				t.Errorf("%d looks for the topic in 1.7 s; want 2 (at 0 and after 1 s)", n)
+			}
+			if m.tr.Acked() != 0 {
+				t.Errorf("acked %d while the topic is missing", m.tr.Acked())
+			}
+			if r := last.Load(); r == nil || !strings.Contains(*r, tc.says) {
+				t.Errorf("the Blocked hook was last told %v after the session ended; want it still saying the topic %s", r, tc.says)
+			}
+		})
+	}
+}
+
+// TestTopicWatch: a topic deleted after the producer saw it is looked for
+// only while records wait with no answer, every topicWatch: an idle
+// session looks up nothing and says nothing of a topic deleted meanwhile;
+// with records waiting, the deleted topic is said missing within a few
+// looks, and (OUTBOX_TOPIC_CREATE) created again, its creation retried at
+// the next look when Kafka's answer lacks it; the records then end up
+// published, or the session ends with an error that is not fatal.
+func TestTopicWatch(t *testing.T) {
+	del := func(t *testing.T, cl *kgo.Client, topic string) {
+		t.Helper()
+		resp, err := kadm.NewClient(cl).DeleteTopic(context.Background(), topic)
+		if err == nil {
+			err = resp.Err
 		}
-	}}
-	m := newSession(t, brokers, cfg, sessionOpts{}).start()
-	m.send(100, eventRow("id", "e1", aggType, "a", `{}`, 90, 100))
-	// Looks at 0 and 1 s; the next at 3 s.
-	time.Sleep(1700 * time.Millisecond)
-	m.cancel()
-	if err := m.wait(5 * time.Second); !errors.Is(err, context.Canceled) {
-		t.Errorf("Run: %v; want the context's end", err)
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	if n := looks.Load(); n != 2 {
-		t.Errorf("%d looks for the missing topic in 1.7 s; want 2 (at 0 and after 1 s)", n)
-	}
-	if m.tr.Acked() != 0 {
-		t.Errorf("acked %d while the topic is missing", m.tr.Acked())
+	t.Run("idle", func(t *testing.T) {
+		t.Parallel()
+		s := uniq()
+		aggType, dlq := "idle"+s, "dlq"+s
+		topic := "outbox.event." + aggType
+		c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, dlq, topic))
+		var lookups atomic.Int64
+		c.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			c.KeepControl()
+			for _, rt := range req.(*kmsg.MetadataRequest).Topics {
+				if rt.Topic != nil && *rt.Topic == topic {
+					lookups.Add(1)
+				}
+			}
+			return nil, nil, false
+		})
+		var said atomic.Int64
+		m := newSession(t, brokers, Config{DLQTopic: dlq, Blocked: func(r string) {
+			if r != "" {
+				said.Add(1)
+			}
+		}}, sessionOpts{})
+		m.p.topicWatch = 50 * time.Millisecond
+		m.start()
+		m.send(100, eventRow("id", "e1", aggType, "a", `{}`, 90, 100))
+		if !m.waitAcked(100, 5*time.Second) {
+			t.Fatal("e1 not acked")
+		}
+		time.Sleep(100 * time.Millisecond)
+		before := lookups.Load()
+		del(t, m.cl, topic)
+		time.Sleep(500 * time.Millisecond)
+		if n := lookups.Load() - before; n != 0 {
+			t.Errorf("%d lookups of the topic in 500 ms of an idle session; want none", n)
+		}
+		if said.Load() != 0 || metricValue(t, m.m.Registry, "outbox_connector_topic_missing", map[string]string{"topic": topic}) == 1 {
+			t.Errorf("an idle session said the deleted topic missing; nothing waits for it")
+		}
+		if err := m.close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("deleted, created again", func(t *testing.T) {
+		t.Parallel()
+		s := uniq()
+		aggType, dlq := "gone"+s, "dlq"+s
+		topic := "outbox.event." + aggType
+		c, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, dlq, topic))
+		var deleted atomic.Bool
+		var creates atomic.Int64
+		c.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			c.KeepControl()
+			r := req.(*kmsg.CreateTopicsRequest)
+			if !deleted.Load() || len(r.Topics) != 1 || r.Topics[0].Topic != topic {
+				return nil, nil, false
+			}
+			if creates.Add(1) == 1 {
+				return r.ResponseKind(), nil, true // an answer without the topic
+			}
+			return nil, nil, false
+		})
+		var reason atomic.Pointer[string]
+		m := newSession(t, brokers, Config{DLQTopic: dlq, TopicCreate: true, Blocked: func(r string) { reason.Store(&r) }}, sessionOpts{})
+		m.p.topicWatch = 100 * time.Millisecond
+		m.start()
+		m.send(100, eventRow("id", "e1", aggType, "a", `{}`, 90, 100))
+		if !m.waitAcked(100, 5*time.Second) {
+			t.Fatal("e1 not acked")
+		}
+		deleted.Store(true)
+		del(t, m.cl, topic)
+		m.send(200, eventRow("id", "e2", aggType, "a", `{}`, 190, 200))
+		deadline := time.After(5 * time.Second)
+		for m.tr.Acked() != 200 {
+			select {
+			case err := <-m.done:
+				if err == nil || wal.IsFatal(err) {
+					t.Fatalf("the session ended with %v; want e2 published or an error that is not fatal", err)
+				}
+				m.done <- err
+			case <-deadline:
+				t.Fatalf("e2 neither published nor the session ended within 5 s of the topic's deletion (%d creates tried); log:\n%s", creates.Load(), m.log.String())
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		if n := creates.Load(); n < 2 {
+			t.Errorf("%d creates of the deleted topic; want the failed one tried again", n)
+		}
+		m.cancel()
+		m.wait(5 * time.Second)
+		if r := reason.Load(); r == nil || *r != "" {
+			t.Errorf("the Blocked hook was last told %v; want \"\" once the session ended", r)
+		}
+	})
+}
+
+// TestEscapeText: a dead letter's text columns show a NUL and every byte
+// that is not part of valid UTF-8 as \xNN, and keep the rest, valid
+// multi-byte characters (U+FFFD itself among them) included.
+func TestEscapeText(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain":                  "plain",
+		"a\xffb":                 `a\xFFb`,
+		"nul\x00":                `nul\x00`,
+		"cut \xe2\x82":           `cut \xE2\x82`,
+		"euro \u20ac, \ufffd ok": "euro \u20ac, \ufffd ok",
+	} {
+		if got := escapeText([]byte(in)); got != want {
+			t.Errorf("escapeText(%q) = %q; want %q", in, got, want)
+		}
 	}
 }

@@ -115,8 +115,11 @@ func TestTxnCommitsAtOnceUnderLightLoad(t *testing.T) {
 // took (at most TxnInterval) before it commits by its timer, or as the
 // stream ends. A commit that fails on either path ends the session with
 // the error, its records not acked, and no Kafka transaction left open.
+// The stream ending inside a PostgreSQL transaction (its commit not read)
+// aborts the open Kafka transaction holding its records, even when they
+// are all it holds: the next session reads that transaction again whole.
 func TestTxnLingersUnderLoad(t *testing.T) {
-	for _, end := range []string{"timer", "stream closed"} {
+	for _, end := range []string{"timer", "stream closed", "stream closed inside a transaction"} {
 		t.Run(end, func(t *testing.T) {
 			f := newTxnFixture(t, "linger")
 			var m *session
@@ -132,8 +135,16 @@ func TestTxnLingersUnderLoad(t *testing.T) {
 					if commits == 1 {
 						// A slow commit, during which the next event comes.
 						time.Sleep(100 * time.Millisecond)
-						m.send(200, f.row(2, ""))
-						if end == "stream closed" {
+						switch end {
+						case "timer":
+							m.send(200, f.row(2, ""))
+						case "stream closed":
+							m.send(200, f.row(2, ""))
+							close(m.in)
+						default: // its commit never comes
+							txn := m.tr.Begin(200)
+							txn.Add()
+							m.in <- wal.Event{Txn: txn, Row: f.row(2, "")}
 							close(m.in)
 						}
 						return nil
@@ -146,6 +157,16 @@ func TestTxnLingersUnderLoad(t *testing.T) {
 			m.send(100, f.row(1, ""))
 			m.start()
 			err := m.wait(10 * time.Second)
+			if end == "stream closed inside a transaction" {
+				aborts := metricValue(t, m.m.Registry, "outbox_connector_kafka_transactions_total", map[string]string{"result": "abort"})
+				if err != nil || commits != 1 || m.tr.Acked() != 100 || aborts != 1 {
+					t.Errorf("Run: %v after %d commits, %v aborts, acked %d; want nil after 1 commit and 1 abort, acked 100", err, commits, aborts, m.tr.Acked())
+				}
+				if got := ids(committed(t, f.brokers, f.topic)); fmt.Sprint(got) != "[e1]" {
+					t.Errorf("%s holds %v; want [e1]: e2's transaction was not read to its commit", f.topic, got)
+				}
+				return
+			}
 			if !errors.Is(err, injected) || !faultstep.Is(err) || !m.fatal.Load() {
 				t.Fatalf("Run: %v (onFatal %v); want the injected commit failure", err, m.fatal.Load())
 			}
