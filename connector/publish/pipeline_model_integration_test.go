@@ -140,7 +140,7 @@ func (st *pipeStats) String() string {
 
 const (
 	pipelineChecks     = 6
-	pipelineSoakChecks = 150
+	pipelineSoakChecks = 60
 	pipelineSteps      = 60 // actions per check, on average
 )
 
