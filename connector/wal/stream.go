@@ -597,14 +597,18 @@ func (s *Stream) classifyStart(start uint64, err error) error {
 // retrying cannot help: an invalidated slot (55000), and a publication that
 // did not exist when the change being decoded was written (42704: pgoutput
 // looks it up with the catalog as of that change, so every session fails at
-// the same change, forever, with nothing in flight).
+// the same change, forever, with nothing in flight). The message is not
+// read: it is in the server's lc_messages (`Publikation »outbox_pub«
+// existiert nicht`), which the connector cannot choose. Any 42704 once the
+// stream runs is taken for the publication: a missing slot fails
+// START_REPLICATION (classifyStart), and an active slot cannot be dropped.
 func (s *Stream) classifyStream(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "55000":
+		switch pgErr.Code {
+		case "55000":
 			return &FatalError{Msg: fmt.Sprintf("slot %q: %s", s.Slot, pgErr.Message), Err: err}
-		case pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication"):
+		case "42704":
 			return s.missingPublication(s.Tracker.Acked(), err)
 		}
 	}
@@ -617,12 +621,17 @@ func (s *Stream) classifyStream(err error) error {
 // change written while the publication was missing as if it published
 // nothing, where 13 to 17 fail with 42704, and the keepalive after it would
 // confirm past it. The warning comes before that keepalive on the stream,
-// so nothing of it is confirmed. The message may be translated, and its
-// code (55000 in 18) is no promise; the unlocalized severity and the quoted
-// publication name are kept. So any warning naming the publication stops
-// the stream: fail closed, since a stop is loud and a skip is silent.
+// so nothing of it is confirmed. The message may be translated, quotes
+// included (`»outbox_pub«`, `« outbox_pub »`); the unlocalized severity, the
+// code (55000 in 18) and the bare publication name are kept. So a warning
+// with that code or 42704 (undefined_object, should a later release change
+// it), or naming the publication, stops the stream: fail closed, since a
+// stop is loud and a skip is silent.
 func (s *Stream) notice(m *pgproto3.NoticeResponse) error {
-	if m.SeverityUnlocalized != "WARNING" || !strings.Contains(m.Message, `"`+s.Publication+`"`) {
+	if m.SeverityUnlocalized != "WARNING" {
+		return nil
+	}
+	if m.Code != "55000" && m.Code != "42704" && !strings.Contains(m.Message, s.Publication) {
 		return nil
 	}
 	n := pgconn.PgError{Severity: m.Severity, SeverityUnlocalized: m.SeverityUnlocalized, Code: m.Code, Message: m.Message, Detail: m.Detail, Hint: m.Hint}
