@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -194,4 +195,60 @@ func (l *downgradeLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestTxnCommitNotSkipped: a commit of a Kafka transaction the connector
+// produced records in fails, and acks nothing, when franz-go ends it
+// without a transaction. franz-go (v1.22.3, EndTransaction) does so, with
+// only a debug line ("no records were produced during the commit; ...
+// ending without doing anything") and no EndTxn, when it counts no
+// partition as added and either the broker predates KIP-890 part 2 or it
+// counts no produce attempted: the same miscount as emptyEndMsg's, on a
+// broker before Kafka 4.0, would ack records that Kafka aborts at the
+// transaction timeout. With nothing produced the same end is an empty
+// transaction, which is legal and no failure. franz-go really logs the
+// line here: the transaction is begun and nothing is produced; the
+// records the connector counts are what varies.
+func TestTxnCommitNotSkipped(t *testing.T) {
+	for _, produced := range []int{0, 1} {
+		t.Run(fmt.Sprint(produced, " produced"), func(t *testing.T) {
+			f := newTxnFixture(t, "skip")
+			inner := &lineLog{level: kgo.LogLevelInfo}
+			watch := WatchFailures(inner).(*failureWatch)
+			m := newSession(t, f.brokers, Config{DLQTopic: f.dlq, Transactional: true}, sessionOpts{opts: []kgo.Opt{kgo.WithLogger(watch)}})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, _, err := m.cl.ProducerID(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.cl.BeginTransaction(); err != nil {
+				t.Fatal(err)
+			}
+			m.p.txn.watch, m.p.txn.open = watch, true
+			for range produced {
+				m.p.txn.recs = append(m.p.txn.recs, txnRec{topic: f.topic})
+			}
+			err := m.p.endCommit(ctx)
+			if produced > 0 && !errors.Is(err, errCommitSkipped) {
+				t.Errorf("the commit of a transaction with %d records produced, which franz-go ended without a transaction, returned %v; want errCommitSkipped (its records would be acked and never committed)", produced, err)
+			}
+			if produced == 0 && err != nil {
+				t.Errorf("the commit of an empty transaction failed: %v", err)
+			}
+			// The line came from franz-go, through its level check: the
+			// watch asked for debug lines during the commit only, and the
+			// inner logger, at info, was handed none of them.
+			if !watch.noTxnEnd.Load() {
+				t.Errorf("franz-go did not log %q during the commit (or not at a level the watch asked for); inner logger got %v", noTxnEndMsg, inner.got)
+			}
+			for _, line := range inner.got {
+				if strings.HasPrefix(line, fmt.Sprintf("%d:", kgo.LogLevelDebug)) {
+					t.Errorf("the inner logger, at info level, was handed the debug line %q", line)
+				}
+			}
+			if lvl := watch.Level(); lvl != kgo.LogLevelInfo {
+				t.Errorf("after the commit the watch's Level() = %v; want info", lvl)
+			}
+		})
+	}
 }

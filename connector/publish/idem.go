@@ -323,25 +323,50 @@ const batchFailedMsg = "batch in a produce request failed"
 // if franz-go goes on downgrading commits without saying so.
 const emptyEndMsg = "no produce succeeded in this transaction but produces were attempted; issuing an abort to clear any server-side partition registrations"
 
+// noTxnEndMsg is what franz-go (pkg/kgo/txn.go, EndTransaction, as of
+// v1.22) logs at debug level, within the call, when it ends a transaction
+// without sending EndTxn because it counts no partition as added to it and
+// either the broker predates KIP-890 part 2 (Kafka 4.0) or it counts no
+// produce attempted (see Producer.endCommit). TestTxnCommitNotSkipped
+// fails if franz-go stops logging it so.
+const noTxnEndMsg = "no records were produced during the commit; thus no transaction was began; ending without doing anything"
+
 type failureWatch struct {
 	inner   kgo.Logger
 	refused atomic.Pointer[func()]
-	// emptyEnd is set when franz-go logs emptyEndMsg; a transactional
-	// producer clears it before each commit.
+	// emptyEnd is set when franz-go logs emptyEndMsg, noTxnEnd when it
+	// logs noTxnEndMsg; a transactional producer clears both before each
+	// commit.
 	emptyEnd atomic.Bool
+	noTxnEnd atomic.Bool
+	// ending is set while a transactional producer commits, so that
+	// franz-go hands over its debug lines (noTxnEndMsg) for that call
+	// only: at debug level franz-go logs every request, which costs
+	// outside a commit for nothing.
+	ending atomic.Bool
 }
 
-// Level is at least info, so that franz-go hands over batchFailedMsg.
+// Level is at least info, so that franz-go hands over batchFailedMsg, and
+// debug while a commit is under way (noTxnEndMsg). franz-go asks it before
+// every line (its wrappedLogger), so the change takes effect at once; the
+// inner logger is still handed only what its own level takes (Log).
 func (w *failureWatch) Level() kgo.LogLevel {
-	if w.inner == nil {
-		return kgo.LogLevelInfo
+	lvl := kgo.LogLevelInfo
+	if w.ending.Load() {
+		lvl = kgo.LogLevelDebug
 	}
-	return max(w.inner.Level(), kgo.LogLevelInfo)
+	if w.inner == nil {
+		return lvl
+	}
+	return max(w.inner.Level(), lvl)
 }
 
 func (w *failureWatch) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	if msg == emptyEndMsg {
+	switch msg {
+	case emptyEndMsg:
 		w.emptyEnd.Store(true)
+	case noTxnEndMsg:
+		w.noTxnEnd.Store(true)
 	}
 	if msg == batchFailedMsg && level <= kgo.LogLevelInfo {
 		if f := w.refused.Load(); f != nil {

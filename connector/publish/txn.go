@@ -323,6 +323,10 @@ func (p *Producer) commit(ctx context.Context) error {
 // errCommitAborted: franz-go ended a commit as an abort (see endCommit).
 var errCommitAborted = errors.New("franz-go ended the Kafka transaction as an abort although its records were produced (it counted no partition as added to the transaction); reading them again from the confirmed position")
 
+// errCommitSkipped: franz-go ended a commit without a transaction although
+// records were produced in it (see endCommit).
+var errCommitSkipped = errors.New("franz-go ended the Kafka transaction without committing it although records were produced in it (it counted no partition as added to the transaction and sent no EndTxn); reading them again from the confirmed position")
+
 // endCommit commits the open transaction. franz-go (v1.22.3) may end it as
 // an abort instead and return nil: when it counts no partition as added to
 // the transaction although a record of it was produced and its promise
@@ -334,16 +338,37 @@ var errCommitAborted = errors.New("franz-go ended the Kafka transaction as an ab
 // read_committed consumer will ever see. The failure watch catches the
 // line, which franz-go logs within this call: the commit failed, the
 // session ends, and the records are read again.
+//
+// On the other branch of the same miscount (a broker before KIP-890 part
+// 2, Kafka 4.0, or no produce counted as attempted) franz-go sends no
+// EndTxn at all, logs noTxnEndMsg at debug level and returns nil: the
+// records are left in a transaction the broker aborts at its timeout. With
+// no record produced that is an empty transaction, legal and no failure;
+// with one (p.txn.recs, every record produced into this transaction, whose
+// promises all reported success), the commit failed likewise. There is no
+// signal but the line: franz-go keeps what it counts as added unexported,
+// and counting records does not help, since its promises reported success
+// for each of them; asking the broker (DescribeTransactions) would cost a
+// round trip per commit and an ACL.
 func (p *Producer) endCommit(ctx context.Context) error {
-	if w := p.txn.watch; w != nil {
+	w := p.txn.watch
+	if w != nil {
 		w.emptyEnd.Store(false)
+		w.noTxnEnd.Store(false)
+		w.ending.Store(true)
+		defer w.ending.Store(false)
 	}
 	if err := p.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		return err
 	}
-	if w := p.txn.watch; w != nil && w.emptyEnd.Load() {
+	if w != nil && w.emptyEnd.Load() {
 		p.log.Warn(errCommitAborted.Error())
 		return errCommitAborted
+	}
+	if w != nil && w.noTxnEnd.Load() && len(p.txn.recs) > 0 {
+		err := fmt.Errorf("%w (%d records produced)", errCommitSkipped, len(p.txn.recs))
+		p.log.Warn(err.Error())
+		return err
 	}
 	return nil
 }
