@@ -339,6 +339,12 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		return &wal.FatalError{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
 	}
 	rcfg.RuntimeParams["replication"] = "database"
+	// PostgreSQL 18 says it skipped the publication only by a WARNING
+	// (wal.Stream's notice), which client_min_messages = error set on the
+	// role, the database or in the DSN's options would withhold: the skip
+	// would be silent and confirmed past. A startup parameter outranks the
+	// role's and the database's settings and the options' -c.
+	rcfg.RuntimeParams["client_min_messages"] = "notice"
 	// pgconn reads through an 8 KiB chunk buffer: one system call per few
 	// messages while draining a backlog. A larger buffer under it takes
 	// whatever the socket holds in one read.
