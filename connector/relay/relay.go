@@ -522,6 +522,9 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 			// And so does one with the partitioned outbox's columns that is
 			// no partition now (detached or dropped since the insert).
 			OutboxColumns: wal.OutboxColumnsOf(pool, r.schema, r.table),
+			// The columns a former partition must have: those the router
+			// reads, not today's column set, which may have changed since.
+			RoutingColumns: wal.RoutingColumns(r.router.Config()),
 			Counters: wal.Counters{
 				Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
 				Refused: r.metrics.Refused.Inc,

@@ -3,9 +3,12 @@ package wal
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
 
 // Querier is what OutboxPartitionOf needs of a pool or a connection.
@@ -77,23 +80,35 @@ func OutboxColumnsOf(q Querier, schema, table string) func(ctx context.Context) 
 	}
 }
 
-// sameColumns reports whether a relation has exactly the outbox's columns:
-// the same names, each of the same type, in any order (a table attached as
-// a partition may order its columns otherwise than the parent does).
-// Modifiers are not compared: a partition's are its parent's.
-func sameColumns(rel, outbox []RelationColumn) bool {
-	if len(outbox) == 0 || len(rel) != len(outbox) {
+// RoutingColumns are the columns of the outbox that the connector reads
+// to route and publish an event with cfg: the event id, the routing field,
+// the key (when one is configured) and the payload. The event type is not
+// read (route.Config.FieldEventType), so it is not one. The look-alike
+// check requires these only, not the outbox's current column set: a
+// relation written before ALTER TABLE outbox ADD (or DROP) COLUMN has the
+// columns of then, and would not match today's.
+func RoutingColumns(cfg route.Config) []string {
+	var cols []string
+	for _, c := range []string{cfg.FieldEventID, cfg.RouteByField, cfg.FieldEventKey, cfg.FieldPayload} {
+		if c != "" && !slices.Contains(cols, c) {
+			cols = append(cols, c)
+		}
+	}
+	return cols
+}
+
+// hasColumns reports whether a relation has every column in names, of any
+// type (a column's type may have changed since), and names has at least
+// one. Fewer columns required means more relations refused: the check
+// fails closed.
+func hasColumns(rel []RelationColumn, names []string) bool {
+	if len(names) == 0 {
 		return false
 	}
-	types := make(map[string]uint32, len(outbox))
-	for _, c := range outbox {
-		types[c.Name] = c.Type
-	}
-	for _, c := range rel {
-		if t, ok := types[c.Name]; !ok || t != c.Type {
+	for _, n := range names {
+		if !slices.ContainsFunc(rel, func(c RelationColumn) bool { return c.Name == n }) {
 			return false
 		}
-		delete(types, c.Name) // a name listed twice does not count twice
 	}
-	return len(types) == 0
+	return true
 }

@@ -3,8 +3,11 @@ package wal
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/pgoutbox/pgoutbox/outbox-router/route"
 )
 
 // outboxColumns are benchRelation's columns: the outbox's.
@@ -24,10 +27,11 @@ func relationWith(id uint32, namespace, name string, cols []RelationColumn) []by
 
 // TestStreamRefusesFormerPartitionInsert: an insert into a relation that
 // is not a partition of the outbox now (IsOutboxPartition says no: it was
-// detached or dropped after the insert was written) but has exactly the
-// partitioned outbox's columns, in any order, stops the stream with a
-// FatalError naming it, before the row is handed on, and nothing of its
-// transaction is acked; a relation with other columns is another table,
+// detached or dropped after the insert was written) but has the columns
+// the connector reads from the partitioned outbox (RoutingColumns), in any
+// order and whatever else it has, stops the stream with a FatalError naming
+// it, before the row is handed on, and nothing of its transaction is acked;
+// a relation without one of them is another table,
 // and so is any relation when the outbox is not partitioned (OutboxColumns
 // gives none). A failed column lookup is a retryable error, nothing acked.
 func TestStreamRefusesFormerPartitionInsert(t *testing.T) {
@@ -80,13 +84,70 @@ func TestStreamRefusesFormerPartitionInsert(t *testing.T) {
 		refused(t, g, g.feed(begin, relationWith(partRelID, "public", "outbox_p20261201", reversed), insertMsg(partRelID)))
 	})
 
-	t.Run("another table's columns", func(t *testing.T) {
+	// The outbox's columns may have changed since the insert was written
+	// (ALTER TABLE outbox ADD COLUMN after the partition was detached): the
+	// Relation message has the columns of then, OutboxColumns today's. A
+	// relation with the columns the connector reads (the routing columns)
+	// is refused whatever else it has.
+	t.Run("routing columns, not today's columns", func(t *testing.T) {
 		for name, cols := range map[string][]RelationColumn{
-			"one more":     append(append([]RelationColumn{}, outboxColumns...), RelationColumn{Name: "archived_at", Type: 1184}),
-			"one fewer":    outboxColumns[:5],
-			"another type": append(append([]RelationColumn{}, outboxColumns[:5]...), RelationColumn{Name: "created_at", Type: 1114}),
-			"a name twice": append(append([]RelationColumn{}, outboxColumns[:5]...), RelationColumn{Name: "id", Type: 2950}),
-			"no columns":   nil,
+			"outbox gained a column since": outboxColumns[:5],
+			"outbox lost a column since":   append(append([]RelationColumn{}, outboxColumns...), RelationColumn{Name: "archived_at", Type: 1184}),
+			"another type":                 append(append([]RelationColumn{}, outboxColumns[:5]...), RelationColumn{Name: "created_at", Type: 1114}),
+			"a name twice":                 append(append([]RelationColumn{}, outboxColumns[:5]...), RelationColumn{Name: "id", Type: 2950}),
+			"no type (not read)":           append(append([]RelationColumn{}, outboxColumns[:3]...), outboxColumns[4:]...),
+		} {
+			t.Run(name, func(t *testing.T) {
+				g := newGuardStream(t, start, nil, nil)
+				withCols(g, outboxColumns, nil)
+				refused(t, g, g.feed(begin, relationWith(partRelID, "public", "outbox_p20261201", cols), insertMsg(partRelID)))
+			})
+		}
+	})
+
+	t.Run("configured routing columns", func(t *testing.T) {
+		rc := route.DefaultConfig()
+		rc.FieldEventID, rc.FieldEventKey = "event_id", ""
+		routing := RoutingColumns(rc)
+		if want := []string{"event_id", "aggregatetype", "payload"}; !slices.Equal(routing, want) {
+			t.Fatalf("RoutingColumns = %q; want %q (no key column configured, type not read)", routing, want)
+		}
+		if got, want := RoutingColumns(route.DefaultConfig()), []string{"id", "aggregatetype", "aggregateid", "payload"}; !slices.Equal(got, want) {
+			t.Fatalf("RoutingColumns(default) = %q; want %q", got, want)
+		}
+		renamed := append([]RelationColumn{{Name: "event_id", Type: 2950}}, outboxColumns[1:]...)
+		g := newGuardStream(t, start, nil, nil)
+		withCols(g, renamed, nil)
+		g.RoutingColumns = routing
+		refused(t, g, g.feed(begin, relationWith(partRelID, "public", "outbox_p20261201", renamed[:5]), insertMsg(partRelID)))
+
+		g = newGuardStream(t, start, nil, nil)
+		withCols(g, renamed, nil)
+		g.RoutingColumns = routing
+		if err := g.feed(begin, relationWith(otherRelID, "public", "orders", outboxColumns), insertMsg(otherRelID), commit); err != nil {
+			t.Fatalf("a table without the configured id column: %v; want another table's insert", err)
+		}
+		if g.ignored["other-table"] != 1 {
+			t.Errorf("other-table counted %d; want 1", g.ignored["other-table"])
+		}
+	})
+
+	t.Run("another table's columns", func(t *testing.T) {
+		without := func(name string) []RelationColumn {
+			var cols []RelationColumn
+			for _, c := range outboxColumns {
+				if c.Name != name {
+					cols = append(cols, c)
+				}
+			}
+			return cols
+		}
+		for name, cols := range map[string][]RelationColumn{
+			"no id":            without("id"),
+			"no aggregatetype": without("aggregatetype"),
+			"no aggregateid":   without("aggregateid"),
+			"no payload":       without("payload"),
+			"no columns":       nil,
 		} {
 			t.Run(name, func(t *testing.T) {
 				g := newGuardStream(t, start, nil, nil)

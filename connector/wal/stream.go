@@ -83,11 +83,17 @@ type Stream struct {
 	// after the insert was written is no partition of the outbox any more,
 	// and its inserts would be counted as another table's, confirmed
 	// unpublished. So a relation that is not a partition of the outbox now
-	// but has exactly the partitioned outbox's columns stops the stream too
+	// but has the partitioned outbox's routing columns stops the stream too
 	// (fail closed: it may be another table with the outbox's columns, and
 	// the error says what to do then). Asked after IsOutboxPartition said
 	// no, once per Relation message. Nil: never asked.
 	OutboxColumns func(ctx context.Context) ([]RelationColumn, error)
+	// RoutingColumns are the columns a relation must have to be taken for
+	// a former partition when OutboxColumns gives some (RoutingColumns of
+	// the router's configuration): the outbox's columns may have changed
+	// since the insert was written, so its exact column set is not asked.
+	// Nil: those of route.DefaultConfig.
+	RoutingColumns []string
 
 	rels          map[uint32]*relation
 	cols          []TupleColumn
@@ -109,7 +115,7 @@ type relation struct {
 	outbox bool
 	// checked says whether IsOutboxPartition (and OutboxColumns) were
 	// asked; partition is the first's answer, lookalike whether a relation
-	// that is not a partition has the outbox's columns.
+	// that is not a partition has the outbox's routing columns.
 	checked, partition, lookalike bool
 }
 
@@ -387,12 +393,16 @@ func (s *Stream) refusePartition(ctx context.Context, rel *relation) error {
 			if err != nil {
 				return fmt.Errorf("find whether %s.%s, which an insert of slot %q names, was a partition of %s.%s: %w", rel.Namespace, rel.Name, s.Slot, s.Schema, s.Table, err)
 			}
-			lookalike = sameColumns(rel.Columns, cols)
+			routing := s.RoutingColumns
+			if routing == nil {
+				routing = RoutingColumns(route.DefaultConfig())
+			}
+			lookalike = len(cols) > 0 && hasColumns(rel.Columns, routing)
 		}
 		rel.checked, rel.partition, rel.lookalike = true, is, lookalike
 	}
 	if rel.lookalike {
-		return Fatalf("slot %q sent an insert into %s.%s (relation %d; transaction committed at %s), which is not a partition of the partitioned outbox table %s.%s now but has exactly its columns: "+
+		return Fatalf("slot %q sent an insert into %s.%s (relation %d; transaction committed at %s), which is not a partition of the partitioned outbox table %s.%s now but has the columns the connector reads from it: "+
 			"a partition of the outbox detached or dropped after the insert was written, while publication %q published the outbox's partitions as themselves (publish_via_partition_root off), or another table with the outbox's columns that the publication publishes. "+
 			"The connector stopped before confirming that transaction rather than skip what may be outbox events. "+
 			"If it was a partition: run ALTER PUBLICATION %s SET (publish_via_partition_root = true); PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so a transaction written before the fix stops the connector again; "+
