@@ -891,10 +891,16 @@ func TestTopicWatch(t *testing.T) {
 	})
 }
 
-// TestEscapeText: a dead letter's text columns show a NUL and every byte
-// that is not part of valid UTF-8 as \xNN, and keep the rest, valid
-// multi-byte characters (U+FFFD itself among them) included.
+// TestEscapeText: a value PostgreSQL text cannot hold (a NUL byte,
+// wherever it is, or bytes that are not UTF-8) is not storable as it is;
+// a dead letter's text columns show such bytes as \xNN and keep the
+// rest, valid multi-byte characters (U+FFFD itself among them) included.
 func TestEscapeText(t *testing.T) {
+	for in, want := range map[string]bool{"ok \u20ac": true, "": true, "\x00first": false, "last\x00": false, "\xff": false} {
+		if got := storable([]byte(in)); got != want {
+			t.Errorf("storable(%q) = %v; want %v", in, got, want)
+		}
+	}
 	for in, want := range map[string]string{
 		"plain":                  "plain",
 		"a\xffb":                 `a\xFFb`,
