@@ -236,6 +236,34 @@ func TestTxnCommitStepFails(t *testing.T) {
 			}
 		})
 	}
+	// Kafka refusing the commit itself (EndTxn): nothing acked, and the
+	// session ends saying why: the lease lost for a fenced producer, a
+	// FatalError naming the setting for refused access, an error to read
+	// again after for the rest.
+	for _, tc := range []struct {
+		ferr  *kerr.Error
+		check func(error) bool
+	}{
+		{kerr.InvalidTxnState, func(err error) bool { return !wal.IsFatal(err) && !errors.Is(err, ErrFenced) }},
+		{kerr.ProducerFenced, func(err error) bool { return errors.Is(err, ErrFenced) }},
+		{kerr.TransactionalIDAuthorizationFailed, func(err error) bool {
+			return wal.IsFatal(err) && strings.Contains(err.Error(), "OUTBOX_KAFKA_TRANSACTIONAL")
+		}},
+	} {
+		t.Run("EndTxn "+tc.ferr.Message, func(t *testing.T) {
+			f := newTxnFixture(t, "endtxn")
+			f.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: tc.ferr, Count: -1})
+			m := newSession(t, f.brokers, Config{DLQTopic: f.dlq, TopicCreate: true, Transactional: true, TxnInterval: time.Minute}, sessionOpts{}).start()
+			m.send(100, f.row(1, ""))
+			err := m.wait(3 * time.Second)
+			if !errors.Is(err, tc.ferr) || !tc.check(err) || !m.fatal.Load() {
+				t.Errorf("Run: %v (onFatal %v)", err, m.fatal.Load())
+			}
+			if m.tr.Acked() != 0 {
+				t.Errorf("acked %d of a transaction Kafka did not commit", m.tr.Acked())
+			}
+		})
+	}
 	t.Run("nothing open", func(t *testing.T) {
 		f := newTxnFixture(t, "none")
 		// The lease is lost before the first record: nothing to abort.
