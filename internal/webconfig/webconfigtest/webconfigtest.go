@@ -64,7 +64,10 @@ func Client(t testing.TB, caFile string) *http.Client {
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool}
 	}
-	return &http.Client{Timeout: 5 * time.Second, Transport: tr}
+	// 30 s: a request for an unknown user is checked against a bcrypt hash
+	// of the default cost (exporter-toolkit does so to hide which users
+	// exist), which takes seconds under -race on two busy cores.
+	return &http.Client{Timeout: 30 * time.Second, Transport: tr}
 }
 
 // Get fetches url with basic auth (when user is set) and returns the status
