@@ -36,9 +36,7 @@ func TestProducerDataLossEndsSession(t *testing.T) {
 			aggType, dlq := "loss"+s, "dlq"+s
 			topic := "outbox.event." + aggType
 			cl, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, dlq, topic))
-			r := startTopicRun(t, brokers, Config{DLQTopic: dlq, Transactional: c.txn})
-			r.send(100, eventRow("id", "e1", aggType, "a", `{}`, 90, 100))
-			r.waitFor(10*time.Second, "the first event published", func() bool { return r.tr.Acked() == 100 })
+			r := startTopicRunPublished(t, brokers, Config{DLQTopic: dlq, Transactional: c.txn}, 100, eventRow("id", "e1", aggType, "a", `{}`, 90, 100))
 			cl.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: c.err, Count: 1})
 			r.send(200, eventRow("id", "e2", aggType, "a", `{}`, 190, 200))
 			var err error
