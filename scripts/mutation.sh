@@ -43,7 +43,8 @@ for pkg in "${pkgs[@]}"; do
 	if [[ -e "${itests[0]}" ]]; then
 		skip="$(sed -n 's/^func \(Test[A-Za-z0-9_]*\)(.*/\1/p' "${itests[@]}" | paste -sd '|' -)"
 	fi
-	flags="${GOFLAGS:-}"
+	# -count=1: a mutant must be tested, never answered from the test cache.
+	flags="${GOFLAGS:-} -count=1"
 	if [[ -n "$skip" ]]; then
 		flags="$flags -skip=^($skip)\$"
 	fi

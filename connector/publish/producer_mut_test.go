@@ -913,3 +913,27 @@ func TestEscapeText(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchTopicsDefaultInterval: a producer whose look interval is not set
+// (the connector's: only tests set topicWatch) looks every topicWatchEvery;
+// it does not panic on a ticker of zero.
+func TestWatchTopicsDefaultInterval(t *testing.T) {
+	if topicWatchEvery <= 0 {
+		t.Fatalf("topicWatchEvery = %s; want a positive interval", topicWatchEvery)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan any, 1)
+	go func() {
+		defer func() { done <- recover() }()
+		(&Producer{}).watchTopics(ctx)
+	}()
+	select {
+	case r := <-done:
+		if r != nil {
+			t.Fatalf("watchTopics with the default interval panicked: %v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watchTopics did not return within 10 s of its context's end")
+	}
+}

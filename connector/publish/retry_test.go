@@ -119,6 +119,15 @@ const maxPartitionRetryRate = 20
 // starts again from 10 ms once Kafka took a batch.
 func TestTxnRetryBackoffCount(t *testing.T) {
 	b := &retryCount{}
+	// Step by step: 10 ms doubled at each retry up to 1 s, less at most a
+	// fifth of jitter.
+	for i := range 10 {
+		step := min(10*time.Millisecond<<i, time.Second)
+		if d := b.backoff(1); d > step || d < step-step/5 {
+			t.Fatalf("retry %d: backoff %s; want %s less at most a fifth", i+1, d, step)
+		}
+	}
+	b.OnProduceBatchWritten(kgo.BrokerMetadata{}, "t", 0, kgo.ProduceBatchMetrics{})
 	var last time.Duration
 	for i := range 100 {
 		d := b.backoff(1)
