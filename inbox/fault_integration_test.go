@@ -55,6 +55,14 @@ const (
 	// Smaller than the default (500): a rebalance waits for the records of
 	// a poll, and on this shared machine under -race 500 take seconds.
 	faultPollRecords = 100
+	// A poll takes a fetch's records partition by partition (franz-go, as
+	// Java's consumer), and a member fetches again once its buffered fetch
+	// is taken: a partition waits while the member works through what was
+	// fetched of its other partitions, up to a fetch's per-partition limit
+	// of each (1 MiB by default, all of a partition's backlog here). 16 KiB
+	// is about 130 of these records, a second's work under -race; with 1 MiB
+	// a partition waited 11-12 s on an idle machine, no member killed.
+	faultFetchPartitionBytes = 16 << 10
 )
 
 // fate is what the fault test's handler does with an event, decided by its
@@ -173,7 +181,8 @@ func TestFaultMember(t *testing.T) {
 		Brokers: []string{os.Getenv(envMemberBrokers)}, Group: os.Getenv(envMemberGroup), Topics: []string{os.Getenv(envMemberTopic)},
 		DLQTopic: os.Getenv(envMemberDLQ), MaxAttempts: faultMaxAttempts, RetryBackoff: faultBackoff,
 		TxTimeout: faultTxTimeout, MaxPollRecords: faultPollRecords, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		KafkaOpts: []kgo.Opt{kgo.SessionTimeout(faultSession), kgo.HeartbeatInterval(500 * time.Millisecond)},
+		KafkaOpts: []kgo.Opt{kgo.SessionTimeout(faultSession), kgo.HeartbeatInterval(500 * time.Millisecond),
+			kgo.FetchMaxPartitionBytes(faultFetchPartitionBytes)},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -252,8 +261,8 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 	if _, err := kadm.NewClient(e.prod).CreateTopics(ctx, faultPartitions, 1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
-	// All events first: every partition has a backlog until it is done, so
-	// a gap between two completions in a partition is a stall.
+	// All events at once: every partition has a backlog until it is done,
+	// so a gap between two completions in a partition is a stall.
 	want := map[string]fate{}
 	values := map[string]string{}
 	var recs []*kgo.Record
@@ -264,9 +273,6 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 		values[id] = fmt.Sprintf(`{"n":%d,"fate":%q}`, i, f)
 		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprintf("agg-%03d", i%faultAggregates)),
 			Value: []byte(values[id]), Headers: []kgo.RecordHeader{{Key: "id", Value: []byte(id)}}})
-	}
-	if err := e.prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
 	}
 	applicable, faults := 0, 0
 	for _, f := range want {
@@ -279,7 +285,6 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 	env := []string{envMemberDSN + "=" + e.pool.Config().ConnString(), envMemberBrokers + "=" + e.brokers,
 		envMemberTopic + "=" + topic, envMemberDLQ + "=" + e.dlq, envMemberGroup + "=g-" + topic}
 
-	start := time.Now()
 	var mu sync.Mutex
 	var members []*member
 	for range 3 {
@@ -307,6 +312,38 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 			}
 		}
 	}()
+	// The events go in once the three members have joined and the group is
+	// stable with every partition assigned: the stall bound is what a kill
+	// costs, and the group's start (three processes under -race joining one
+	// after another, each join a cooperative rebalance in two rounds, each
+	// round waiting for the current polls) is not a kill. Measured before:
+	// a partition without progress for 14.4 s from the first member's
+	// first events at 0.9 s, no member killed yet. A replacement's join
+	// after a kill, with the backlog there, is measured as before.
+	group := "g-" + topic
+	waitFor(t, "the three members in a stable group, every partition assigned", 90*time.Second, func() bool {
+		described, err := kadm.NewClient(e.prod).DescribeGroups(ctx, group)
+		if err != nil {
+			return false
+		}
+		g, ok := described[group]
+		if !ok || g.Err != nil || g.State != "Stable" || len(g.Members) != 3 {
+			return false
+		}
+		assigned := 0
+		for _, m := range g.Members {
+			if a, ok := m.Assigned.AsConsumer(); ok {
+				for _, tp := range a.Topics {
+					assigned += len(tp.Partitions)
+				}
+			}
+		}
+		return assigned == faultPartitions
+	})
+	start := time.Now()
+	if err := e.prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
 	applied := func() (distinct, rows int) {
 		if err := e.pool.QueryRow(ctx, `SELECT count(DISTINCT event_id), count(*) FROM effects`).Scan(&distinct, &rows); err != nil {
 			t.Fatal(err)

@@ -131,7 +131,10 @@ type Config struct {
 	TxTimeout time.Duration
 	// MaxPollRecords bounds the records taken per poll (default 500).
 	// Rebalances wait while a poll's records are handled, and the offsets
-	// are committed after each poll.
+	// are committed after each poll. A poll takes the fetched records
+	// partition by partition: a partition may wait for one fetch of each
+	// other partition of the member (kgo.FetchMaxPartitionBytes in
+	// KafkaOpts, 1 MiB by default; see the README).
 	MaxPollRecords int
 	// Retention is how long processed ids are kept (default
 	// DefaultRetention, 20 days): longer than the duplicate window (see
