@@ -915,8 +915,9 @@ func TestEscapeText(t *testing.T) {
 }
 
 // TestWatchTopicsDefaultInterval: a producer whose look interval is not set
-// (the connector's: only tests set topicWatch) looks every topicWatchEvery;
-// it does not panic on a ticker of zero.
+// (the connector's: only tests set topicWatch) falls back to a positive
+// interval, not a ticker of zero (which panics). That the interval is
+// topicWatchEvery is not checked.
 func TestWatchTopicsDefaultInterval(t *testing.T) {
 	if topicWatchEvery <= 0 {
 		t.Fatalf("topicWatchEvery = %s; want a positive interval", topicWatchEvery)
