@@ -599,7 +599,7 @@ func (b *bench) markdown(charts map[string]string) string {
 		p("<details><summary>Allocated bytes</summary>\n\n```\n%s\n```\n</details>\n\n", pr.TopAlloc)
 		p("<details><summary>Allocated objects</summary>\n\n```\n%s\n```\n</details>\n\n", pr.TopAllocObj)
 	}
-	p("### Hot paths, `go test -bench`\n\n`go test -run '^$' -bench . -benchmem -benchtime 500ms ./connector/wal ./connector/tracker ./outbox-router/route`, run by the bench at the end (same machine, same load):\n\n")
+	p("### Hot paths, `go test -bench`\n\n`go test -run '^$' -bench . -benchmem -benchtime 500ms ./connector/wal ./connector/tracker ./route`, run by the bench at the end (same machine, same load):\n\n")
 	if len(res.Micro) == 0 {
 		p("Not run.\n\n")
 	} else {

@@ -29,7 +29,7 @@ import (
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 func main() {

@@ -37,7 +37,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
 	"github.com/pgoutbox/pgoutbox/outbox-router/cdc"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 func main() {

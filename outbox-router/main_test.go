@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // TestReadmeDocumentsSettings: every environment variable the binary reads

@@ -31,7 +31,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/publish"
 	"github.com/pgoutbox/pgoutbox/connector/relay"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 func main() {

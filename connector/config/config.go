@@ -18,7 +18,7 @@ import (
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // Config holds every connector setting.

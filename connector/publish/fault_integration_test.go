@@ -17,7 +17,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/connector/wal"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // faultAt places the bad event of a fault test: the row at in the WAL

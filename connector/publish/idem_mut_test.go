@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // idemUnit is an idempotent producer's session state without a Kafka

@@ -31,7 +31,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/tracker"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // A model-based test of the tracker and the producer together, against

@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // Records Kafka refuses.

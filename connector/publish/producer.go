@@ -31,7 +31,7 @@ import (
 	faultstep "github.com/pgoutbox/pgoutbox/connector/fault"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // Config is what the producer needs beyond the client.

@@ -21,7 +21,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/connector/wal"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // Unit tests of producer.go (no PostgreSQL: the dead-letter table is

@@ -18,7 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/config"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // testedSchema is the Avro schema of testenv.Writer's payloads.

@@ -12,7 +12,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/config"
 	"github.com/pgoutbox/pgoutbox/connector/fault"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // testConfig is the connector's configuration for a test: defaults and fast

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // TestNumericDeclaration: the router learns each column's type modifier

@@ -36,7 +36,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/publish"
 	"github.com/pgoutbox/pgoutbox/connector/tracker"
 	"github.com/pgoutbox/pgoutbox/connector/wal"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // Relay is the connector.

@@ -12,7 +12,7 @@ import (
 	connconfig "github.com/pgoutbox/pgoutbox/connector/config"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 	swconfig "github.com/pgoutbox/pgoutbox/slotwatch/config"
 )
 

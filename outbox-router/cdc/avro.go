@@ -13,7 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/sr"
 
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // magicByte opens every value in the Confluent wire format.

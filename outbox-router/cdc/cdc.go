@@ -18,7 +18,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // ErrTombstone is a record with a null value (Debezium's tombstone after a

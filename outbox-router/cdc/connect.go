@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // connectType is a Kafka Connect schema as far as a column needs it: the

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // TestNumericTypeMod: a numeric column's Connect schema tells its

@@ -8,7 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/sr"
 
-	"github.com/pgoutbox/pgoutbox/outbox-router/route"
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // mapRegistry serves schemas from memory, answering unknown ids as a

@@ -126,7 +126,7 @@ func TestRegisterFlagsEnv(t *testing.T) {
 
 // TestEnvVarsDocumented keeps docs/router.md's table in step with the code.
 func TestEnvVarsDocumented(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/router.md")
+	doc, err := os.ReadFile("../docs/router.md")
 	if err != nil {
 		t.Fatal(err)
 	}
