@@ -248,7 +248,11 @@ func (b *syncBuffer) String() string {
 //   - every record-fault event is in the DLQ whole (key, value, id) with its
 //     reason, none is applied, and no other event is in the DLQ;
 //   - no partition went longer without progress than a member's death takes
-//     to notice (the session timeout) plus TxTimeout plus the backoff cap.
+//     to notice (the session timeout) plus TxTimeout plus the backoff cap,
+//     from the moment the group is formed (the events go in then), with
+//     the members fetching 16 KiB per partition (faultFetchPartitionBytes:
+//     at the default 1 MiB a partition waits for its member's other
+//     partitions, which the bound does not cover; see there).
 func TestInboxGroupUnderFaults(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
