@@ -13,8 +13,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/publish"
 	"github.com/pgoutbox/pgoutbox/connector/redrive"
 	"github.com/pgoutbox/pgoutbox/connector/relay"
+	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
@@ -33,16 +32,9 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := checkEnv(os.Environ())
-	if err == nil {
-		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "connector:", err)
-		os.Exit(1)
-	}
+	cli.Main("connector", checkEnv, func(ctx context.Context) error {
+		return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	})
 }
 
 // checkEnv refuses OUTBOX_* variables the connector does not read: a typo
@@ -88,7 +80,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	memLimit := publish.SetMemoryLimit(getenv, cfg.MaxMessageBytes)
-	base := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	base := cfg.Log.Logger(stderr)
 	log := base.With("component", "connector")
 	if redriveFrom != "" {
 		return redriveCmd(ctx, cfg, redriveFrom, group, log, stdout)
@@ -172,16 +164,6 @@ func handler(r *relay.Relay, m *metrics.Metrics) http.Handler {
 		fmt.Fprintf(w, "leader (token %d)\n", r.Token())
 	})
 	return mux
-}
-
-func newLogger(w io.Writer, level, format string) *slog.Logger {
-	var lv slog.Level
-	_ = lv.UnmarshalText([]byte(level))
-	opts := &slog.HandlerOptions{Level: lv}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // redriveCmd re-publishes dead letters with the current settings.

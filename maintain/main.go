@@ -14,28 +14,20 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/cli"
 	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/outbox/partition"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := checkEnv(os.Environ())
-	if err == nil {
-		err = run(ctx, os.Args[1:], os.Getenv, os.Stderr)
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "maintain:", err)
-		os.Exit(1)
-	}
+	cli.Main("maintain", checkEnv, func(ctx context.Context) error {
+		return run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	})
 }
 
 // settings are maintain's flags and environment variables.

@@ -22,8 +22,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -32,7 +30,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
-	connconfig "github.com/pgoutbox/pgoutbox/connector/config"
+	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
@@ -41,25 +39,19 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := checkEnv(os.Environ())
-	if err == nil {
-		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "outbox-router:", err)
-		os.Exit(1)
-	}
+	cli.Main("outbox-router", checkEnv, func(ctx context.Context) error {
+		return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	})
 }
 
-// checkEnv refuses OUTBOX_* variables that neither this binary nor the
-// connector reads: a typo would otherwise run on a default. The connector's
-// settings pass, so that one environment can serve both binaries.
+// checkEnv refuses OUTBOX_* variables this binary does not read: a typo
+// would otherwise run on a default, and a connector setting (the router
+// reads none of them: no database, no slot) would seem to apply and be
+// ignored.
 func checkEnv(environ []string) error {
 	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
 		Prefixes: []string{"OUTBOX_"},
-		Known:    append(EnvVars(), connconfig.EnvVars()...),
+		Known:    EnvVars(),
 		NoFile:   route.EnvVars(), // the routing options are read as they are
 	})
 }
@@ -72,7 +64,7 @@ type config struct {
 	Group           string
 	TransactionalID string
 	DLQTopic        string
-	LogLevel        string
+	Log             cli.Log
 	Kafka           kafkaopt.Config
 	Route           route.Config
 	envs            []string
@@ -86,7 +78,7 @@ func (c *config) bind(fs *flag.FlagSet, getenv func(string) string) (*iconfig.Bi
 	b.String(&c.TransactionalID, "transactional-id", "OUTBOX_ROUTER_TRANSACTIONAL_ID", "outbox-router", "Kafka transactional id; one per router deployment")
 	b.Duration(&c.SessionTimeout, "session-timeout", "OUTBOX_ROUTER_SESSION_TIMEOUT", 10*time.Second, "consumer group session timeout: how soon a killed router's partitions move to a new one")
 	b.String(&c.DLQTopic, "dlq-topic", "OUTBOX_DLQ_TOPIC", "outbox.dlq", "dead-letter topic")
-	b.String(&c.LogLevel, "log-level", "OUTBOX_LOG_LEVEL", "info", "debug, info, warn or error")
+	c.Log.Bind(b, "OUTBOX")
 	c.Kafka.Bind(b, "outbox-router")
 	c.Route = route.DefaultConfig()
 	err := c.Route.RegisterFlags(fs, getenv)
@@ -116,7 +108,7 @@ func (c *config) validate() error {
 	if format == cdc.FormatAvro && len(c.Route.RegistryURLs) == 0 {
 		errs = append(errs, errors.New("OUTBOX_ROUTER_INPUT_FORMAT=avro: no schema registry; set OUTBOX_ROUTE_REGISTRY_URL to the registry Debezium's AvroConverter writes to, e.g. http://registry:8081"))
 	}
-	errs = append(errs, c.Kafka.Validate())
+	errs = append(errs, c.Log.Validate(), c.Kafka.Validate())
 	return errors.Join(errs...)
 }
 
@@ -140,9 +132,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := errors.Join(rerr, b.Err(), cfg.validate()); err != nil {
 		return err
 	}
-	var lv slog.Level
-	_ = lv.UnmarshalText([]byte(cfg.LogLevel))
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv})).With("component", "outbox-router")
+	base := cfg.Log.Logger(stderr)
+	log := base.With("component", "outbox-router")
 	router, err := route.NewContext(ctx, cfg.Route)
 	if err != nil {
 		return fmt.Errorf("router settings: %w", err)
@@ -159,7 +150,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	} else if checkErr != nil && ctx.Err() == nil {
 		log.Warn("Kafka does not answer yet; starting anyway, the router retries", "err", checkErr)
 	}
-	opts := append(cfg.Kafka.Opts(log),
+	opts := append(cfg.Kafka.Opts(base),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.SessionTimeout(cfg.SessionTimeout),
 		kgo.ConsumeTopics(cfg.SourceTopic),
@@ -177,7 +168,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("Kafka client settings (OUTBOX_KAFKA_*): %w", err)
 	}
 	defer sess.Close()
-	admClient, err := kgo.NewClient(cfg.Kafka.Opts(log)...)
+	admClient, err := kgo.NewClient(cfg.Kafka.Opts(base)...)
 	if err != nil {
 		return err
 	}

@@ -83,15 +83,19 @@ func TestRawRow(t *testing.T) {
 }
 
 // TestCheckEnv: a typo in one of the router's settings stops it at start
-// with the setting it meant; the connector's settings pass, so that one
-// environment can serve both binaries.
+// with the setting it meant, and so does a setting only the connector reads
+// (it would seem to apply and be ignored); the shared log, Kafka and DLQ
+// settings pass.
 func TestCheckEnv(t *testing.T) {
 	for _, tc := range []struct {
 		env  []string
 		want string // "" for accepted
 	}{
 		{env: []string{"OUTBOX_KAFKA_BROKERS=b:9092", "OUTBOX_ROUTER_SOURCE_TOPIC=t", "OUTBOX_ROUTER_INPUT_FORMAT=avro"}},
-		{env: []string{"OUTBOX_PG_DSN=postgres://x", "OUTBOX_SLOT=s", "OUTBOX_ROUTE_BY_FIELD=type"}},
+		{env: []string{"OUTBOX_ROUTE_BY_FIELD=type", "OUTBOX_LOG_LEVEL=debug", "OUTBOX_LOG_FORMAT=json", "OUTBOX_DLQ_TOPIC=d"}},
+		{env: []string{"OUTBOX_PG_DSN=postgres://x"}, want: "OUTBOX_PG_DSN"},
+		{env: []string{"OUTBOX_SLOT=s"}, want: "OUTBOX_SLOT"},
+		{env: []string{"OUTBOX_SNAPSHOT=initial"}, want: "OUTBOX_SNAPSHOT"},
 		{env: []string{"OUTBOX_KAFKA_SASL_PASSWORD_FILE=/run/secrets/p", "PATH=/bin", "OUTBOX_TEST_KAFKA_BROKERS=x"}},
 		{env: []string{"OUTBOX_KAFKA_BROKER=b:9092"}, want: "did you mean OUTBOX_KAFKA_BROKERS?"},
 		{env: []string{"OUTBOX_ROUTER_INPUT_FORMT=avro"}, want: "did you mean OUTBOX_ROUTER_INPUT_FORMAT?"},

@@ -11,21 +11,18 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
@@ -37,19 +34,9 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := checkEnv(os.Environ())
-	if err == nil {
-		err = run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	}
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "slotwatch:", err)
-		os.Exit(1)
-	}
+	cli.Main("slotwatch", checkEnv, func(ctx context.Context) error {
+		return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	})
 }
 
 // checkEnv refuses SLOTWATCH_* variables slotwatch does not read: a typo
@@ -76,7 +63,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg, stderr)
+	log := cfg.Log.Logger(stderr)
 	targets, err := cfg.Targets()
 	if err != nil {
 		return err
@@ -167,14 +154,4 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	err = g.Wait()
 	log.Info("slotwatch stopped")
 	return err
-}
-
-func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	opts := &slog.HandlerOptions{Level: level}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
@@ -62,10 +63,8 @@ type Config struct {
 	// connection's wal_sender_timeout is capped at it, so a frozen leader's
 	// walsender gives up the slot by the time a standby takes over.
 	LeaseTTL time.Duration
-	// LogLevel is debug, info, warn or error (OUTBOX_LOG_LEVEL, default info).
-	LogLevel string
-	// LogFormat is text or json (OUTBOX_LOG_FORMAT, default text).
-	LogFormat string
+	// Log is OUTBOX_LOG_LEVEL and OUTBOX_LOG_FORMAT.
+	Log cli.Log
 
 	Kafka kafkaopt.Config
 	// Route holds the Outbox Event Router options (OUTBOX_ROUTE_*, or a
@@ -125,8 +124,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", "OUTBOX_SHUTDOWN_TIMEOUT", 30*time.Second, "deadline for the graceful stop")
 	b.Int(&c.MaxInFlight, "max-in-flight", "OUTBOX_MAX_IN_FLIGHT", 10000, "records buffered for Kafka before WAL reading pauses")
 	b.Duration(&c.LeaseTTL, "lease-ttl", "OUTBOX_LEASE_TTL", 10*time.Second, "leader lease time to live; renewed every third of it")
-	b.String(&c.LogLevel, "log-level", "OUTBOX_LOG_LEVEL", "info", "debug, info, warn or error")
-	b.String(&c.LogFormat, "log-format", "OUTBOX_LOG_FORMAT", "text", "text or json")
+	c.Log.Bind(b, "OUTBOX")
 	c.Kafka.Bind(b, "outbox-connector")
 	b.String(&c.Compression, "kafka-compression", "OUTBOX_KAFKA_COMPRESSION", "lz4", "producer compression: none, gzip, snappy, lz4, zstd")
 	b.Duration(&c.Linger, "kafka-linger", "OUTBOX_KAFKA_LINGER", time.Millisecond, "how long the producer waits to fill a batch")
@@ -227,13 +225,8 @@ func (c *Config) Validate() error {
 	if c.DLQTopic == "" {
 		errs = append(errs, errors.New("OUTBOX_DLQ_TOPIC: empty; set a topic name such as outbox.dlq"))
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		errs = append(errs, fmt.Errorf("OUTBOX_LOG_LEVEL: %q; use debug, info, warn or error", c.LogLevel))
-	}
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		errs = append(errs, fmt.Errorf("OUTBOX_LOG_FORMAT: %q; use text or json", c.LogFormat))
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.Kafka.Validate(); err != nil {
 		errs = append(errs, err)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
 )
@@ -103,10 +104,8 @@ type Config struct {
 	// generatorURL of alerts (SLOTWATCH_EXTERNAL_URL, default http://<listen>/).
 	ExternalURL string
 
-	// LogLevel is debug, info, warn or error (SLOTWATCH_LOG_LEVEL, default info).
-	LogLevel string
-	// LogFormat is text or json (SLOTWATCH_LOG_FORMAT, default text).
-	LogFormat string
+	// Log is SLOTWATCH_LOG_LEVEL and SLOTWATCH_LOG_FORMAT.
+	Log cli.Log
 
 	envs []string
 }
@@ -134,8 +133,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Secret(&c.AlertmanagerURL, "alertmanager-url", "SLOTWATCH_ALERTMANAGER_URL", "Alertmanager base URLs, comma-separated (alerts go to <url>/api/v2/alerts)")
 	b.Duration(&c.AlertmanagerResend, "alertmanager-resend", "SLOTWATCH_ALERTMANAGER_RESEND", DefaultAlertmanagerResend, "how often firing alerts are re-sent to Alertmanager")
 	b.String(&c.ExternalURL, "external-url", "SLOTWATCH_EXTERNAL_URL", "", "URL of this slotwatch, used as the alerts' generatorURL (default http://<listen>/)")
-	b.String(&c.LogLevel, "log-level", "SLOTWATCH_LOG_LEVEL", "info", "debug, info, warn or error")
-	b.String(&c.LogFormat, "log-format", "SLOTWATCH_LOG_FORMAT", "text", "text or json")
+	c.Log.Bind(b, "SLOTWATCH")
 	c.envs = b.EnvVars()
 	return b
 }
@@ -234,15 +232,8 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("SLOTWATCH_EXTERNAL_URL: %w", err))
 		}
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		errs = append(errs, fmt.Errorf("SLOTWATCH_LOG_LEVEL: %q is not one of debug, info, warn, error", c.LogLevel))
-	}
-	switch c.LogFormat {
-	case "text", "json":
-	default:
-		errs = append(errs, fmt.Errorf("SLOTWATCH_LOG_FORMAT: %q is not text or json", c.LogFormat))
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -20,7 +20,7 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != DefaultListen || c.Interval != 10*time.Second || c.LagWarnBytes != 1<<30 || c.LagCritBytes != 10<<30 ||
-		c.AlertRepeat != 4*time.Hour || c.LogLevel != "info" || c.AlertFor != "" {
+		c.AlertRepeat != 4*time.Hour || c.Log.Level != "info" || c.AlertFor != "" {
 		t.Errorf("defaults: %+v", c)
 	}
 	if d, err := c.AlertForOverride(); d != nil || err != nil {

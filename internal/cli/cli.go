@@ -1,0 +1,93 @@
+// Package cli is what every binary does the same way when it starts and
+// stops: the signal context, the refusal of unknown environment variables,
+// the exit code, and the logger its log settings describe.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/pgoutbox/pgoutbox/internal/config"
+)
+
+// Main runs a binary and exits: check (nil: none) is given the process's
+// environment and refuses what the binary does not read, then run gets a
+// context canceled by SIGINT or SIGTERM. An error is printed on stderr as
+// "name: error" with exit code 1; flag.ErrHelp (help was asked for and
+// printed) exits 0.
+func Main(name string, check func(environ []string) error, run func(ctx context.Context) error) {
+	os.Exit(Exit(context.Background(), name, os.Environ(), os.Stderr, check, run))
+}
+
+// Exit is Main without the exit: it returns the exit code.
+func Exit(ctx context.Context, name string, environ []string, stderr io.Writer, check func([]string) error, run func(context.Context) error) int {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if check != nil {
+		err = check(environ)
+	}
+	if err == nil {
+		err = run(ctx)
+	}
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	default:
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+}
+
+// Log is a binary's log settings, PREFIX_LOG_LEVEL and PREFIX_LOG_FORMAT.
+type Log struct {
+	// Level is debug, info, warn or error (default info).
+	Level string
+	// Format is text or json (default text).
+	Format string
+
+	prefix string
+}
+
+// Bind binds the settings to the flags -log-level and -log-format and to
+// the variables prefix_LOG_LEVEL and prefix_LOG_FORMAT.
+func (l *Log) Bind(b *config.Binder, prefix string) {
+	l.prefix = prefix
+	b.String(&l.Level, "log-level", prefix+"_LOG_LEVEL", "info", "debug, info, warn or error")
+	b.String(&l.Format, "log-format", prefix+"_LOG_FORMAT", "text", "text or json")
+}
+
+// Validate says which setting is wrong and what it may be.
+func (l Log) Validate() error {
+	var errs []error
+	switch l.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("%s_LOG_LEVEL: %q; use debug, info, warn or error", l.prefix, l.Level))
+	}
+	switch l.Format {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("%s_LOG_FORMAT: %q; use text or json", l.prefix, l.Format))
+	}
+	return errors.Join(errs...)
+}
+
+// Logger is the logger the settings describe, writing to w. A level it
+// does not know is info (Validate refuses it first).
+func (l Log) Logger(w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(l.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if l.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
