@@ -1,7 +1,6 @@
 # Developer commands. `make demo` runs the pipeline on embedded defaults;
 # `make test` runs the suite against real PostgreSQL and a real Kafka broker.
 GO ?= go
-BINARIES := connector outbox-router slotwatch
 
 .PHONY: all build test demo bench soak lint fmt up down install clean app mutation
 
