@@ -1,0 +1,128 @@
+// Package layout holds the test of the module's package graph: each binary
+// is a leaf (main plus packages only it imports), and no binary links the
+// testing package. The exceptions of today are listed, to be removed; a new
+// one fails, and so does an exception that no longer holds (so the list
+// stays true as it shrinks).
+package layout
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/pgoutbox/pgoutbox"
+
+// knownImports are imports across binaries' folders that exist today
+// (issue 15: the demo and the profiling bench run the relay in-process;
+// the relay's packages are to move out of connector/).
+var knownImports = []string{
+	"bench/pprofrelay -> connector/config",
+	"bench/pprofrelay -> connector/metrics",
+	"bench/pprofrelay -> connector/publish",
+	"bench/pprofrelay -> connector/relay",
+	"examples/demo -> connector/config",
+	"examples/demo -> connector/metrics",
+	"examples/demo -> connector/relay",
+}
+
+// knownTesting are binaries that link the testing package today, through
+// internal/testenv (issue 15: test helpers are to leave what binaries link).
+var knownTesting = []string{"bench", "examples/demo"}
+
+type pkg struct {
+	path, name string
+	imports    []string
+	deps       []string
+}
+
+func list(t *testing.T) []pkg {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}|{{.Name}}|{{join .Imports \" \"}}|{{join .Deps \" \"}}", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Split(line, "|")
+		if len(f) != 4 {
+			t.Fatalf("go list line %q", line)
+		}
+		pkgs = append(pkgs, pkg{path: rel(f[0]), name: f[1], imports: strings.Fields(f[2]), deps: strings.Fields(f[3])})
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list found %d packages; want the whole module", len(pkgs))
+	}
+	return pkgs
+}
+
+func rel(p string) string { return strings.TrimPrefix(strings.TrimPrefix(p, module), "/") }
+
+// TestBinariesAreLeaves: no package in one binary's folder (the folder of a
+// main package and everything under it, to the next main package) is
+// imported from another binary's folder.
+func TestBinariesAreLeaves(t *testing.T) {
+	pkgs := list(t)
+	var mains []string
+	for _, p := range pkgs {
+		if p.name == "main" {
+			mains = append(mains, p.path)
+		}
+	}
+	if !slices.Contains(mains, "connector") || !slices.Contains(mains, "outbox-router") {
+		t.Fatalf("main packages %v: want connector and outbox-router among them", mains)
+	}
+	// folder is the binary folder p belongs to: the deepest main package
+	// folder that is p's or an ancestor of it ("" for none).
+	folder := func(p string) string {
+		best := ""
+		for _, m := range mains {
+			if (p == m || strings.HasPrefix(p, m+"/")) && len(m) > len(best) {
+				best = m
+			}
+		}
+		return best
+	}
+	var found []string
+	for _, p := range pkgs {
+		from := folder(p.path)
+		for _, imp := range p.imports {
+			if !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			to := folder(rel(imp))
+			if to != "" && to != from {
+				found = append(found, p.path+" -> "+rel(imp))
+			}
+		}
+	}
+	compare(t, "imports across binaries' folders", found, knownImports)
+}
+
+// TestBinariesDoNotLinkTesting: no main package depends on testing.
+func TestBinariesDoNotLinkTesting(t *testing.T) {
+	var found []string
+	for _, p := range list(t) {
+		if p.name == "main" && slices.Contains(p.deps, "testing") {
+			found = append(found, p.path)
+		}
+	}
+	compare(t, "binaries linking the testing package", found, knownTesting)
+}
+
+func compare(t *testing.T, what string, found, known []string) {
+	t.Helper()
+	slices.Sort(found)
+	for _, f := range found {
+		if !slices.Contains(known, f) {
+			t.Errorf("%s: %s is new; a binary's packages are its own (move what two binaries share out of both folders, e.g. to the top level or internal/)", what, f)
+		}
+	}
+	for _, k := range known {
+		if !slices.Contains(found, k) {
+			t.Errorf("%s: %s is listed as known but no longer holds; remove it from the list", what, k)
+		}
+	}
+	t.Logf("%s: %d (%s)", what, len(found), strings.Join(found, ", "))
+}
