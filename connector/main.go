@@ -38,8 +38,8 @@ func main() {
 }
 
 // checkEnv refuses OUTBOX_* variables the connector does not read: a typo
-// would otherwise run on a default. OUTBOX_ROUTER_* are outbox-router's, so
-// one environment can serve both binaries.
+// would otherwise run on a default. OUTBOX_ROUTER_* are outbox-router's,
+// which checks them.
 func checkEnv(environ []string) error {
 	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
 		Prefixes: []string{"OUTBOX_"},

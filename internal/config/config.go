@@ -154,8 +154,7 @@ type EnvRule struct {
 	// Prefixes are the namespaces the binary owns (OUTBOX_, SLOTWATCH_).
 	Prefixes []string
 	// Others are namespaces inside Prefixes that another binary owns and
-	// checks (OUTBOX_ROUTER_ for the connector): an environment shared by
-	// two binaries must start both.
+	// checks (OUTBOX_ROUTER_ for the connector), left to it.
 	Others []string
 	// Known are the settings the binary reads; NAME_FILE of each is known
 	// too (the secret-file form), except for those in NoFile.
