@@ -47,6 +47,15 @@ const (
 	faultSession     = 6 * time.Second // the broker's group.min.session.timeout.ms
 	faultMaxBackoff  = 5 * time.Second // the inbox's cap
 	faultKills       = 3
+	// After a member's death is noticed the group rebalances: a cooperative
+	// round, each member rejoining once its current poll is done, then a
+	// second round for what moved, then the new owner's first fetch. Alone
+	// on this machine that took up to 6 s past the session timeout (worst
+	// stall 12.2 s); beside other packages' tests in make test, up to 12 s
+	// (13.1 s and 18.4 s measured). The stall bound allows it: it is what
+	// catches a wedge (a handler hung past TxTimeout, a retry without its
+	// cap), and the latencies are logged.
+	faultRebalance = 12 * time.Second
 	// One kill at a time, each after the group settled from the last, so
 	// that each stall has one cause: a dead member is noticed after the
 	// session timeout, then the group rebalances in two rounds
@@ -248,7 +257,8 @@ func (b *syncBuffer) String() string {
 //   - every record-fault event is in the DLQ whole (key, value, id) with its
 //     reason, none is applied, and no other event is in the DLQ;
 //   - no partition went longer without progress than a member's death takes
-//     to notice (the session timeout) plus TxTimeout plus the backoff cap,
+//     to notice (the session timeout) and the group to rebalance
+//     (faultRebalance) plus TxTimeout plus the backoff cap,
 //     from the moment the group is formed (the events go in then), with
 //     the members fetching 16 KiB per partition (faultFetchPartitionBytes:
 //     at the default 1 MiB a partition waits for its member's other
@@ -487,7 +497,7 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bound := faultSession + faultTxTimeout + faultMaxBackoff
+	bound := faultSession + faultRebalance + faultTxTimeout + faultMaxBackoff
 	var worst time.Duration
 	var stalls []string
 	for stallRows.Next() {
@@ -504,7 +514,7 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if worst > bound {
-		t.Errorf("a partition stalled %s, more than session timeout + TxTimeout + backoff cap (%s): %v; kills at %v", worst, bound, stalls, killLog)
+		t.Errorf("a partition stalled %s, more than session timeout + rebalance + TxTimeout + backoff cap (%s): %v; kills at %v", worst, bound, stalls, killLog)
 	}
 	var attempts, transientAttempts int
 	if err := e.pool.QueryRow(ctx, `SELECT coalesce(sum(n), 0) FROM attempts`).Scan(&attempts); err != nil {
