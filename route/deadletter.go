@@ -3,6 +3,7 @@ package route
 import (
 	"strconv"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -87,25 +88,11 @@ func deadLetter(row *Row, idField, intended string, cause error, dlqTopic string
 			{Key: "id", Value: id},
 			{Key: "error", Value: []byte(msg)},
 			{Key: "error.class", Value: []byte(class)},
-			{Key: "source.lsn", Value: []byte(FormatLSN(row.Source.LSN))},
-			{Key: "source.commit.lsn", Value: []byte(FormatLSN(row.Source.CommitLSN))},
+			{Key: "source.lsn", Value: []byte(pglogrepl.LSN(row.Source.LSN).String())},
+			{Key: "source.commit.lsn", Value: []byte(pglogrepl.LSN(row.Source.CommitLSN).String())},
 			{Key: "source.table", Value: []byte(row.Source.Table)},
 			{Key: "column.types", Value: types},
 			{Key: "topic", Value: []byte(intended)},
 		},
 	}
-}
-
-// FormatLSN writes an LSN as PostgreSQL does (X/X, upper-case hex).
-func FormatLSN(lsn uint64) string {
-	var b [17]byte
-	out := strconv.AppendUint(b[:0], lsn>>32, 16)
-	out = append(out, '/')
-	out = strconv.AppendUint(out, lsn&0xFFFFFFFF, 16)
-	for i, c := range out {
-		if c >= 'a' && c <= 'f' {
-			out[i] = c - 'a' + 'A'
-		}
-	}
-	return string(out)
 }

@@ -172,12 +172,6 @@ func TestPartitioner(t *testing.T) {
 	}
 }
 
-func TestFormatLSN(t *testing.T) {
-	if got := FormatLSN(0x16B3748); got != "0/16B3748" {
-		t.Fatal(got)
-	}
-}
-
 func bigInt(i int64) *bigIntT { v := new(bigIntT); v.SetInt64(i); return v }
 
 type bigIntT = big.Int

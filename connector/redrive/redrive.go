@@ -14,8 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/internal/pglsn"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
@@ -278,14 +277,9 @@ func header(r *kgo.Record, key string) string {
 }
 
 func parseLSN(s string) uint64 {
-	hi, lo, ok := strings.Cut(s, "/")
-	if !ok {
+	l, err := pglsn.Parse(s)
+	if err != nil {
 		return 0
 	}
-	h, err1 := strconv.ParseUint(hi, 16, 32)
-	l, err2 := strconv.ParseUint(lo, 16, 32)
-	if err1 != nil || err2 != nil {
-		return 0
-	}
-	return h<<32 | l
+	return uint64(l)
 }

@@ -1,34 +1,24 @@
 package collect
 
 import (
-	"fmt"
-	"strconv"
-	"strings"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgoutbox/pgoutbox/internal/pglsn"
 )
 
 // LSN is a WAL position (pg_lsn), bytes since the start of WAL. The zero
 // LSN is PostgreSQL's InvalidXLogRecPtr, which slotwatch also uses for NULL.
 type LSN uint64
 
-// ParseLSN parses PostgreSQL's text form, "16/B374D848".
+// ParseLSN parses PostgreSQL's text form, "16/B374D848" (strictly: see
+// pglsn.Parse).
 func ParseLSN(s string) (LSN, error) {
-	hi, lo, ok := strings.Cut(s, "/")
-	if !ok {
-		return 0, fmt.Errorf("LSN %q: want X/Y in hexadecimal", s)
-	}
-	h, err := strconv.ParseUint(hi, 16, 32)
-	if err != nil {
-		return 0, fmt.Errorf("LSN %q: %w", s, err)
-	}
-	l, err := strconv.ParseUint(lo, 16, 32)
-	if err != nil {
-		return 0, fmt.Errorf("LSN %q: %w", s, err)
-	}
-	return LSN(h<<32 | l), nil
+	l, err := pglsn.Parse(s)
+	return LSN(l), err
 }
 
 // String formats the LSN as PostgreSQL does.
-func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint64(l)>>32, uint64(l)&0xFFFFFFFF) }
+func (l LSN) String() string { return pglogrepl.LSN(l).String() }
 
 // MarshalText makes LSNs readable in JSON.
 func (l LSN) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
