@@ -1,12 +1,10 @@
 package inbox_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,25 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
-
-// lockedBuffer is a log destination the consumer's goroutines share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestFailuresThatPassAreRetried (review finding 2): errors that pass on
 // retry are never a reason to dead-letter a real event. A handler that says
@@ -61,7 +42,7 @@ func TestFailuresThatPassAreRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := e.quiet()
-	logs := &lockedBuffer{}
+	logs := &testenv.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
 // TestDeadLetterSentAfterAFailedTry: a dead letter whose first produce
@@ -44,7 +45,7 @@ func TestDeadLetterSentAfterAFailedTry(t *testing.T) {
 	}
 	cfg := e.quiet()
 	cfg.Brokers = brokers
-	logs := &lockedBuffer{}
+	logs := &testenv.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	c, err := inbox.New(e.pool, effectHandler, cfg)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
 // The fault test's members run in child processes (so that a kill is a
@@ -210,7 +211,7 @@ type member struct {
 func startMember(env []string) (*member, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFaultMember$", "-test.count=1")
 	cmd.Env = append(os.Environ(), env...)
-	out := &syncBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start a member: %w", err)
@@ -224,24 +225,6 @@ func startMember(env []string) (*member, error) {
 		m.done <- err
 	}()
 	return m, nil
-}
-
-// syncBuffer is a member's output, written by its process's pipes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // TestInboxGroupUnderFaults (issue 14 acceptance): a group of 3 inbox
@@ -272,7 +255,8 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	topic := e.topic + ".faults"
-	if _, err := kadm.NewClient(e.prod).CreateTopics(ctx, faultPartitions, 1, nil, topic); err != nil {
+	adm := kadm.NewClient(e.prod)
+	if _, err := adm.CreateTopics(ctx, faultPartitions, 1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
 	// All events at once: every partition has a backlog until it is done,
@@ -336,7 +320,7 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 	// after a kill, with the backlog there, is measured as before.
 	group := "g-" + topic
 	waitFor(t, "the three members in a stable group, every partition assigned", 90*time.Second, func() bool {
-		described, err := kadm.NewClient(e.prod).DescribeGroups(ctx, group)
+		described, err := adm.DescribeGroups(ctx, group)
 		if err != nil {
 			return false
 		}

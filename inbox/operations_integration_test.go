@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
 // TestMetricsSurviveAReplacedMember (review finding 8a): after a member
@@ -80,7 +81,7 @@ func TestMetricsSurviveAReplacedMember(t *testing.T) {
 func TestMissingDLQTopicIsCreated(t *testing.T) {
 	e := setup(t)
 	cfg := e.quiet()
-	logs := &lockedBuffer{}
+	logs := &testenv.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	c, err := inbox.New(e.pool, effectHandler, cfg)
 	if err != nil {

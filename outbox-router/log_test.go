@@ -6,30 +6,13 @@ import (
 	"encoding/json"
 	"io"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
-
-// syncWriter is the router's stderr, read while it runs.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
 
 // TestLogFormat: the router reads OUTBOX_LOG_FORMAT as the connector does
 // (before, it was accepted and ignored: the router logged text whatever it
@@ -48,7 +31,7 @@ func TestLogFormat(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stderr := &syncWriter{}
+	stderr := &testenv.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, func(k string) string { return env[k] }, io.Discard, stderr) }()
 	deadline := time.Now().Add(20 * time.Second)

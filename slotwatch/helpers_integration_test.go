@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -112,28 +111,10 @@ func (h *hook) summary() string {
 	return "[" + strings.Join(parts, " ") + "]"
 }
 
-// syncBuffer collects slotwatch's log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // instance is a slotwatch started through run, as main would.
 type instance struct {
 	base string
-	log  *syncBuffer
+	log  *testenv.SyncBuffer
 }
 
 // startSlotwatch runs slotwatch with env (SLOTWATCH_LISTEN is chosen here)
@@ -148,7 +129,7 @@ func startSlotwatch(t *testing.T, env map[string]string) *instance {
 	if _, ok := env["SLOTWATCH_LOG_LEVEL"]; !ok {
 		env["SLOTWATCH_LOG_LEVEL"] = "debug"
 	}
-	in := &instance{base: "http://" + env["SLOTWATCH_LISTEN"], log: &syncBuffer{}}
+	in := &instance{base: "http://" + env["SLOTWATCH_LISTEN"], log: &testenv.SyncBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {

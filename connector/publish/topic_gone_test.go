@@ -84,29 +84,34 @@ func startTopicRunPublished(t *testing.T, brokers string, cfg Config, end uint64
 	for attempt := 1; ; attempt++ {
 		r := startTopicRun(t, brokers, cfg)
 		r.send(end, row)
-		deadline := time.After(10 * time.Second)
-		for r.tr.Acked() != end {
-			select {
-			case err := <-r.done:
-				downgraded := errors.Is(err, errCommitAborted) || errors.Is(err, errCommitSkipped)
-				if !cfg.Transactional || !downgraded || r.tr.Acked() == end || attempt == 3 {
-					t.Fatalf("session %d ended with %v (acked %d) before its first event was published; want it acked in the session, or (transactional, at most twice) a commit franz-go did not make; log:\n%s", attempt, err, r.tr.Acked(), r.lb.String())
-				}
-				t.Logf("session %d: %v; the next sends the event again", attempt, err)
-				r.cancel() // its client closes at the test's end
-				r = nil
-			case <-deadline:
-				t.Fatalf("the first event neither published nor the session ended within 10 s (acked %d); log:\n%s", r.tr.Acked(), r.lb.String())
-			case <-time.After(20 * time.Millisecond):
-			}
-			if r == nil {
-				break
-			}
-		}
-		if r != nil {
+		ended, err := r.firstAck(end)
+		if !ended {
 			return r
 		}
+		downgraded := errors.Is(err, errCommitAborted) || errors.Is(err, errCommitSkipped)
+		if !cfg.Transactional || !downgraded || r.tr.Acked() == end || attempt == 3 {
+			t.Fatalf("session %d ended with %v (acked %d) before its first event was published; want it acked in the session, or (transactional, at most twice) a commit franz-go did not make; log:\n%s", attempt, err, r.tr.Acked(), r.lb.String())
+		}
+		t.Logf("session %d: %v; the next sends the event again", attempt, err)
+		r.cancel() // its client closes at the test's end
 	}
+}
+
+// firstAck waits until end is acked (ended false) or the session ends
+// (ended true, with its error); neither within 10 s fails the test.
+func (r *topicRun) firstAck(end uint64) (ended bool, err error) {
+	r.t.Helper()
+	deadline := time.After(10 * time.Second)
+	for r.tr.Acked() != end {
+		select {
+		case err := <-r.done:
+			return true, err
+		case <-deadline:
+			r.t.Fatalf("the first event neither published nor the session ended within 10 s (acked %d); log:\n%s", r.tr.Acked(), r.lb.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return false, nil
 }
 
 func (r *topicRun) send(end uint64, row *route.Row) {

@@ -56,23 +56,25 @@ func Binary(t testing.TB, name string) string {
 // Proc is a binary run by a test, with its output kept for the test log.
 type Proc struct {
 	Cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *SyncBuffer
 	done chan struct{}
 	err  error
 }
 
-type syncBuffer struct {
+// SyncBuffer is an output several goroutines or a child process's pipes
+// write while a test reads it.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
@@ -86,7 +88,7 @@ func StartProc(t testing.TB, bin string, env map[string]string, args ...string) 
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	out := &syncBuffer{}
+	out := &SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", bin, err)
