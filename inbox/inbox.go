@@ -63,8 +63,9 @@
 // offsets republishes it); see Window, and state a deployment's own in
 // Config.Window.
 //
-// Records of one partition are handled in order, one at a time; partitions
-// of one poll are handled concurrently.
+// Records of one partition are handled in order, one at a time; each
+// assigned partition has a goroutine of its own, so a partition never waits
+// for another's records (a slow handler, a retry, a backlog).
 package inbox
 
 import (
@@ -102,8 +103,9 @@ type Config struct {
 	// Topics to consume (e.g. "outbox.event.Order").
 	Topics []string
 	// KafkaOpts are extra franz-go options (TLS, SASL, logging, start
-	// offset). The Consumer sets the group, topics, manual commits and
-	// rebalance blocking itself.
+	// offset, kgo.FetchMaxPartitionBytes). The Consumer sets the group,
+	// topics, manual commits, rebalance blocking and the rebalance
+	// callbacks (OnPartitionsRevoked, OnPartitionsLost) itself.
 	KafkaOpts []kgo.Opt
 	// Table is the processed-events table (default "public.inbox";
 	// EnsureSchema creates it).
@@ -129,12 +131,14 @@ type Config struct {
 	// limit too. A handler that ignores its ctx cannot be cut; the inbox
 	// logs it.
 	TxTimeout time.Duration
-	// MaxPollRecords bounds the records taken per poll (default 500).
-	// Rebalances wait while a poll's records are handled, and the offsets
-	// are committed after each poll. A poll takes the fetched records
-	// partition by partition: a partition may wait for one fetch of each
-	// other partition of the member (kgo.FetchMaxPartitionBytes in
-	// KafkaOpts, 1 MiB by default; see the README).
+	// MaxPollRecords bounds the records taken per poll and the records
+	// queued per partition (default 500). Each assigned partition has a
+	// worker that handles its records in order, one at a time; a
+	// partition's fetching pauses while its queue holds MaxPollRecords
+	// records (or 1 MiB), and resumes when it is down to half. A rebalance
+	// waits for the attempts in flight of the partitions it moves (each
+	// bounded by TxTimeout), not for queued records, which go to the next
+	// owner.
 	MaxPollRecords int
 	// Retention is how long processed ids are kept (default
 	// DefaultRetention, 20 days): longer than the duplicate window (see
@@ -201,7 +205,8 @@ type Consumer struct {
 	deployment, dependency                                atomic.Int64 // retries by fault, beside transient (faultDB)
 	cleanFail                                             atomic.Int64
 
-	metrics *collector // nil without Config.Registerer
+	work    atomic.Pointer[workers] // Run's, for the rebalance callbacks
+	metrics *collector              // nil without Config.Registerer
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -268,6 +273,9 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	c := &Consumer{cfg: cfg, table: table, db: db, h: h,
+		begin: fmt.Sprintf(beginSQL, lockTimeout(cfg.TxTimeout).Milliseconds()),
+		log:   cfg.Logger.With("component", "inbox", "group", cfg.Group)}
 	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.Group),
@@ -275,20 +283,29 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 		// Offsets are committed only for records whose transaction
 		// committed (marked), never for merely polled ones.
 		kgo.AutoCommitMarks(),
-		// No rebalance between a poll and the commit of what it returned,
-		// so a partition's records are never handled by two members at once.
+		// Every second (Java's default is 5 s): a commit costs little, and
+		// each record committed is one fewer to find in the table again
+		// after a crash.
+		kgo.AutoCommitInterval(time.Second),
+		// No rebalance while a poll's records are handed to the partitions'
+		// workers, so that a revoke finds every worker it must stop, and a
+		// partition is never handled by two workers at once.
 		kgo.BlockRebalanceOnPoll(),
+		// Java's default (franz-go's is 5 s): a partition resumed after its
+		// queue drained is fetched only once the fetch in flight returns.
+		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // DLQ records keep the key's partition
 	}, cfg.KafkaOpts...)
+	// After KafkaOpts: a revoke must stop the partitions' workers before
+	// another member takes them.
+	opts = append(opts, kgo.OnPartitionsRevoked(c.revoked), kgo.OnPartitionsLost(c.lost))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: create Kafka client: %w", err)
 	}
-	c := &Consumer{cfg: cfg, table: table, db: db, h: h, cl: cl,
-		begin: fmt.Sprintf(beginSQL, lockTimeout(cfg.TxTimeout).Milliseconds()),
-		log:   cfg.Logger.With("component", "inbox", "group", cfg.Group)}
+	c.cl = cl
 	if err := c.register(cfg.Registerer); err != nil {
 		cl.Close()
 		return nil, err
@@ -316,58 +333,65 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.metrics != nil {
 		defer c.metrics.retire(c) // last: once nothing counts any more
 	}
-	defer c.cl.Close() // leaves the group, committing marked offsets (franz-go's default revoke)
+	defer c.cl.Close() // leaves the group: onRevoked, then the client ends
 	if err := c.ensureDLQTopic(ctx); err != nil {
 		c.log.Debug("could not create the DLQ topic; it may exist or be auto-created", "topic", c.cfg.DLQTopic, "err", err)
 	}
-	cctx, stopCleanup := context.WithCancel(ctx)
+	wctx, stopWork := context.WithCancel(ctx)
+	defer stopWork()
+	var failOnce sync.Once
+	var failed error
+	c.work.Store(&workers{c: c, ctx: wctx, m: map[tp]*worker{}, fail: func(err error) {
+		failOnce.Do(func() { failed = err; stopWork() })
+	}})
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); c.cleanupLoop(cctx) }()
+	go func() { defer wg.Done(); c.cleanupLoop(wctx) }()
 	defer wg.Wait()
-	defer stopCleanup() // before the Wait: also when Run stops on an error
 	for {
-		// Bounded: rebalances wait until the records of a poll are done
-		// (BlockRebalanceOnPoll), as franz-go's documentation advises.
-		fs := c.cl.PollRecords(ctx, c.cfg.MaxPollRecords)
-		if ctx.Err() != nil {
+		// Handing records out is quick (each partition's worker handles
+		// them), so a rebalance waits for it only (BlockRebalanceOnPoll),
+		// and then for the attempts in flight of the partitions it takes.
+		fs := c.cl.PollRecords(wctx, c.cfg.MaxPollRecords)
+		if wctx.Err() != nil {
 			c.cl.AllowRebalance()
+			c.works().stop(nil) // ctx is done: attempts in flight end at once
 			c.commit(context.Background())
-			return nil
+			if failed != nil {
+				c.log.Error("inbox member stopping", "err", failed)
+			}
+			return failed
 		}
 		fs.EachError(func(topic string, p int32, err error) {
 			c.log.Warn("fetch failed; retrying", "topic", topic, "partition", p, "err", err)
 		})
-		var pwg sync.WaitGroup
-		var stopOnce sync.Once
-		var stop error
+		ws := c.works()
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
+			if len(p.Records) > 0 {
+				ws.push(p)
 			}
-			pwg.Add(1)
-			go func() {
-				defer pwg.Done()
-				for _, rec := range p.Records {
-					if err := c.handle(ctx, rec); err != nil {
-						// ctx done, or a dead letter Kafka refuses: stop
-						// this partition, commit what is marked.
-						if ctx.Err() == nil {
-							stopOnce.Do(func() { stop = err })
-						}
-						return
-					}
-					c.cl.MarkCommitRecords(rec)
-				}
-			}()
 		})
-		pwg.Wait()
-		c.commit(ctx)
 		c.cl.AllowRebalance()
-		if stop != nil {
-			c.log.Error("inbox member stopping", "err", stop)
-			return stop
-		}
+	}
+}
+
+func (c *Consumer) works() *workers { return c.work.Load() }
+
+// revoked stops the revoked partitions' workers and commits what they
+// marked, before the partitions go to another member (franz-go calls it,
+// as onRevoked, once polls are allowed to rebalance).
+func (c *Consumer) revoked(ctx context.Context, _ *kgo.Client, parts map[string][]int32) {
+	if ws := c.works(); ws != nil {
+		ws.stop(parts)
+	}
+	c.commit(ctx)
+}
+
+// lost stops the lost partitions' workers (the member is out of the group:
+// a commit would fail, and another member may have the partitions by now).
+func (c *Consumer) lost(_ context.Context, _ *kgo.Client, parts map[string][]int32) {
+	if ws := c.works(); ws != nil {
+		ws.stop(parts)
 	}
 }
 
@@ -439,11 +463,28 @@ func (c *Consumer) ensureDLQTopic(ctx context.Context) error {
 	return nil
 }
 
-func sleep(ctx context.Context, d time.Duration) {
+func sleep(ctx context.Context, d time.Duration) { sleepOr(ctx, nil, d) }
+
+// sleepOr waits for d, or until ctx is done or stop is closed.
+func sleepOr(ctx context.Context, stop <-chan struct{}, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
+	case <-stop:
 	case <-t.C:
+	}
+}
+
+// ended is ctx's error, or errStopped once stop is closed.
+func ended(ctx context.Context, stop <-chan struct{}) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case <-stop:
+		return errStopped
+	default:
+		return nil
 	}
 }

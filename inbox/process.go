@@ -36,14 +36,16 @@ type result struct {
 func failure(f fault, err error) result { return result{outcome: failed, fault: f, err: err} }
 
 // handle processes one record to its end (processed, duplicate or
-// dead-lettered); it returns an error only when ctx is done or Kafka refuses
-// the record's dead letter for good (ErrDeadLetterRefused).
-func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
+// dead-lettered); it returns an error only when ctx is done, when stop is
+// closed (errStopped: the partition was revoked; an attempt in flight is
+// finished first, a wait between attempts is not) or when Kafka refuses the
+// record's dead letter for good (ErrDeadLetterRefused).
+func (c *Consumer) handle(ctx context.Context, stop <-chan struct{}, rec *kgo.Record) error {
 	id := Header(rec, "id")
 	if err := validateID(id); err != nil {
 		// Not even the dead-letter mark can hold this id: dead-letter it
 		// unmarked (a redelivery is dead-lettered again).
-		return c.deadLetter(ctx, rec, letter{id: id, reason: err})
+		return c.deadLetter(ctx, stop, rec, letter{id: id, reason: err})
 	}
 	hash := payloadHash(rec.Value)
 	redrive := redriveFor(rec, id, c.cfg.Group)
@@ -54,8 +56,8 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 	backoff := c.cfg.RetryBackoff
 	attempts := 0
 	for {
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if err := ended(ctx, stop); err != nil {
+			return err
 		}
 		res := c.try(ctx, rec, id, hash, redrive)
 		switch {
@@ -69,7 +71,7 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 		case res.outcome == reused:
 			// Not marked: the id stays the first payload's.
 			c.reused.Add(1)
-			return c.deadLetter(ctx, rec, letter{id: id, reason: res.err})
+			return c.deadLetter(ctx, stop, rec, letter{id: id, reason: res.err})
 		case res.fault == faultDB:
 			c.transient.Add(1)
 			c.log.Warn("inbox transaction failed; retrying", "id", id, "topic", rec.Topic, "err", res.err)
@@ -86,12 +88,12 @@ func (c *Consumer) handle(ctx context.Context, rec *kgo.Record) error {
 		default:
 			attempts++
 			if errors.Is(res.err, ErrPermanent) || attempts >= c.cfg.MaxAttempts {
-				return c.deadLetter(ctx, rec, letter{id: id, hash: hash, mark: true, reason: res.err, attempts: attempts})
+				return c.deadLetter(ctx, stop, rec, letter{id: id, hash: hash, mark: true, reason: res.err, attempts: attempts})
 			}
 			c.retries.Add(1)
 			c.log.Warn("record failed; retrying", "id", id, "topic", rec.Topic, "attempt", attempts, "err", res.err)
 		}
-		sleep(ctx, jitter(backoff))
+		sleepOr(ctx, stop, jitter(backoff))
 		backoff = min(backoff*2, 5*time.Second)
 	}
 }
@@ -297,10 +299,11 @@ type letter struct {
 
 // deadLetter sends rec to the DLQ topic with the reason, then marks its id
 // dead-lettered (when l.mark), retrying both until they succeed (or ctx is
-// done), except a dead letter Kafka refuses for good: then it returns an
-// error wrapping ErrDeadLetterRefused, and Run stops. A crash between the two sends it to the DLQ again on redelivery:
-// at-least-once there too.
-func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) error {
+// done, or stop closed: then the record is left to the next owner), except a
+// dead letter Kafka refuses for good: then it returns an error wrapping
+// ErrDeadLetterRefused, and Run stops. A crash (or a revoke) between the two
+// sends it to the DLQ again on redelivery: at-least-once there too.
+func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kgo.Record, l letter) error {
 	headers := ownHeaders(rec.Headers)
 	if l.mark {
 		// Republished with this header (the DLQ record as it is, or
@@ -368,7 +371,11 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 		} else {
 			c.log.Warn("dead-letter produce failed; retrying", "id", l.id, "topic", c.cfg.DLQTopic, "err", err)
 		}
-		sleep(ctx, jitter(backoff))
+		// A revoke waits for the first try, not for the retries.
+		if err := ended(ctx, stop); err != nil {
+			return err
+		}
+		sleepOr(ctx, stop, jitter(backoff))
 		backoff = min(backoff*2, 5*time.Second)
 	}
 	c.deadLettered.Add(1)
@@ -394,7 +401,10 @@ func (c *Consumer) deadLetter(ctx context.Context, rec *kgo.Record, l letter) er
 			return nil
 		}
 		c.log.Warn("marking a dead-lettered id failed; retrying", "id", l.id, "err", err)
-		sleep(ctx, jitter(backoff))
+		if err := ended(ctx, stop); err != nil {
+			return err
+		}
+		sleepOr(ctx, stop, jitter(backoff))
 		backoff = min(backoff*2, 5*time.Second)
 	}
 }
