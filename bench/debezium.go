@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/internal/localenv"
 )
 
 // debezium is Debezium Server (Quarkus, from Maven Central's
@@ -33,7 +33,7 @@ type debezium struct {
 const debeziumMinJava = 21
 
 func (d *debezium) install(ctx context.Context) {
-	java, ver, err := testenv.FindJava(d.java, debeziumMinJava)
+	java, ver, err := localenv.FindJava(d.java, debeziumMinJava)
 	if err != nil {
 		d.err = fmt.Errorf("%w, or set BENCH_DEBEZIUM_JAVA", err)
 		return
@@ -123,7 +123,7 @@ func (d *debezium) start(b *bench) relayStart {
 				return nil, err
 			}
 		}
-		http, err := testenv.FreePort()
+		http, err := localenv.FreePort()
 		if err != nil {
 			return nil, err
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/internal/localenv"
 )
 
 // backlog is a set of outbox events already in the WAL when a drain starts.
@@ -312,7 +312,7 @@ func (b *bench) connectorEnv(slot string, httpPort int) []string {
 
 func (b *bench) startConnector(bin string, extra ...string) relayStart {
 	return func(slot string) (*sysProc, error) {
-		port, err := testenv.FreePort()
+		port, err := localenv.FreePort()
 		if err != nil {
 			return nil, err
 		}

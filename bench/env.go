@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/internal/localenv"
 )
 
 // env is what one bench run starts and must clean up: a PostgreSQL cluster
@@ -29,7 +29,7 @@ type env struct {
 	root string // module root
 	tmp  string // scratch directory, removed at the end
 
-	pg       *testenv.Postgres
+	pg       *localenv.Postgres
 	kafkaDir string
 	brokers  string
 	kafkaPid int
@@ -59,7 +59,7 @@ func startEnv(ctx context.Context, log *slog.Logger, root string) (e *env, err e
 		return e, err
 	}
 	log.Info("starting PostgreSQL (fsync on, synchronous_commit on)")
-	pg, err := testenv.NewPostgres(testenv.PGOptions{Fsync: true})
+	pg, err := localenv.NewPostgres(localenv.PGOptions{Fsync: true})
 	if err != nil {
 		return e, fmt.Errorf("start PostgreSQL: %w", err)
 	}
@@ -140,7 +140,7 @@ func (e *env) startKafka(ctx context.Context) error {
 	e.brokers = strings.TrimSpace(string(out))
 	pid, _ := os.ReadFile(filepath.Join(e.kafkaDir, "pid"))
 	e.kafkaPid, _ = strconv.Atoi(strings.TrimSpace(string(pid)))
-	return testenv.WaitKafka(ctx, e.brokers, 60*time.Second)
+	return localenv.WaitKafka(ctx, e.brokers, 60*time.Second)
 }
 
 // benchPayloadSQL defines the event payload every system carries: an order

@@ -28,7 +28,7 @@ import (
 	"time"
 
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/internal/localenv"
 )
 
 func main() {
@@ -218,7 +218,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "bench")
-	root := testenv.RepoRoot()
+	root := localenv.RepoRoot()
 	b := &bench{cfg: cfg, log: log, getenv: getenv, root: root, out: abs(root, cfg.OutDir)}
 	if err := os.MkdirAll(b.out, 0o755); err != nil {
 		return err

@@ -31,7 +31,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/connector/config"
 	"github.com/pgoutbox/pgoutbox/connector/metrics"
 	"github.com/pgoutbox/pgoutbox/connector/relay"
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/internal/localenv"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
@@ -64,7 +64,7 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 
 	fmt.Fprintln(stdout, "demo: starting a throwaway PostgreSQL (initdb, wal_level=logical) ...")
-	pg, err := testenv.NewPostgres(testenv.PGOptions{Fsync: true})
+	pg, err := localenv.NewPostgres(localenv.PGOptions{Fsync: true})
 	if err != nil {
 		return fmt.Errorf("start PostgreSQL: %w (scripts/install.sh installs it)", err)
 	}

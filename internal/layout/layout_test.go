@@ -30,9 +30,9 @@ var knownImports = []string{
 	"examples/demo -> connector/relay",
 }
 
-// knownTesting are binaries that link the testing package today, through
-// internal/testenv (issue 15: test helpers are to leave what binaries link).
-var knownTesting = []string{"bench", "examples/demo"}
+// knownTesting are binaries that link the testing package today: none
+// since the demo and the bench start their services with internal/localenv.
+var knownTesting []string
 
 type pkg struct {
 	path, name string

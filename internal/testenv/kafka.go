@@ -37,29 +37,6 @@ func SharedKafka(t testing.TB) string {
 	return brokers
 }
 
-// WaitKafka waits until the broker answers a metadata request.
-func WaitKafka(ctx context.Context, brokers string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers, ",")...))
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	for {
-		_, err := adm.BrokerMetadata(ctx)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("broker did not answer metadata requests within %s: %w", timeout, err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
 // KafkaVersion asks the broker for its API versions and names the release.
 func KafkaVersion(ctx context.Context, brokers string) (string, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers, ",")...))
