@@ -339,7 +339,7 @@ func (e *env) headOverlay(ctx context.Context) (string, error) {
 // source says what the connector was built from, for the report.
 func (e *env) source(ctx context.Context) string {
 	relevant := func(f string) bool {
-		return isModuleGo(f) && (strings.HasPrefix(f, "connector/") || strings.HasPrefix(f, "outbox-router/") || strings.HasPrefix(f, "route/") || strings.HasPrefix(f, "internal/")) ||
+		return isModuleGo(f) && (strings.HasPrefix(f, "connector/") || strings.HasPrefix(f, "outbox-router/") || strings.HasPrefix(f, "relay/") || strings.HasPrefix(f, "route/") || strings.HasPrefix(f, "internal/")) ||
 			strings.HasPrefix(f, "sql/") && strings.HasSuffix(f, ".sql") || f == "go.mod"
 	}
 	head, changed, uncommitted, _, err := e.treeDiff(ctx, relevant)
@@ -350,7 +350,7 @@ func (e *env) source(ctx context.Context) string {
 		return fmt.Sprintf("commit %s (the working tree did not compile; see the note)", head)
 	}
 	if len(changed)+len(uncommitted) == 0 {
-		return fmt.Sprintf("commit %s, no uncommitted changes in connector/, outbox-router/, route/, internal/, sql/", head)
+		return fmt.Sprintf("commit %s, no uncommitted changes in connector/, outbox-router/, relay/, route/, internal/, sql/", head)
 	}
 	return fmt.Sprintf("the working tree at commit %s with uncommitted changes (other work in progress) in %d files: %s",
 		head, len(changed)+len(uncommitted), strings.Join(append(changed, uncommitted...), ", "))

@@ -124,7 +124,7 @@ func suggestions(res *Results) string {
 		}
 	}
 	if len(share) > 0 && median(share) >= 0.1 {
-		line := fmt.Sprintf("**Keep reading while a Kafka transaction commits** (`connector/publish/txn.go`). In the drains the connector committed every %.0f events (median) and spent %.0f%% of the drain time committing (a flush of the transaction's records, then EndTxn, with nothing produced meanwhile); the stream reads on while a commit runs until its hand-over to the producer (`handOver` in `relay.go`, 4,096 events) is full; a longer commit stalls reading, and the walsender with it. Producing the next transaction's records while the previous one commits is not possible with one transactional producer (KIP-890); two producers alternating, or larger transactions under load, would hide the rest.",
+		line := fmt.Sprintf("**Keep reading while a Kafka transaction commits** (`relay/publish/txn.go`). In the drains the connector committed every %.0f events (median) and spent %.0f%% of the drain time committing (a flush of the transaction's records, then EndTxn, with nothing produced meanwhile); the stream reads on while a commit runs until its hand-over to the producer (`handOver` in `relay.go`, 4,096 events) is full; a longer commit stalls reading, and the walsender with it. Producing the next transaction's records while the previous one commits is not possible with one transactional producer (KIP-890); two producers alternating, or larger transactions under load, would hide the rest.",
 			median(perTxn), 100*median(share))
 		add("%s", line)
 	}

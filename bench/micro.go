@@ -20,7 +20,7 @@ type Micro struct {
 
 // microPackages hold the hot paths' benchmarks: the decoder and the stream's
 // per-event path, the tracker, the router.
-var microPackages = []string{"./connector/wal", "./connector/tracker", "./route"}
+var microPackages = []string{"./relay/wal", "./relay/tracker", "./route"}
 
 // micro runs the hot paths' go test benchmarks, package by package (one
 // that does not compile does not hide the others).

@@ -588,7 +588,7 @@ func (b *bench) markdown(charts map[string]string) string {
 			p("Failed: %s\n\n", oneLine(pr.Error, 600))
 			continue
 		}
-		p("`bench/pprofrelay` (the same `connector/relay` with a CPU profile from the start to the end of the drain) drained the backlog at %.0f events/s using %.2f CPU s over %.2f s (%.0f%% of one CPU). Allocations over the process's life per event published: **%.1f allocations, %.0f bytes**. Profiles: `bench/results/%s`, `bench/results/%s` (`go tool pprof -top …`).\n\n",
+		p("`bench/pprofrelay` (the same `relay` with a CPU profile from the start to the end of the drain) drained the backlog at %.0f events/s using %.2f CPU s over %.2f s (%.0f%% of one CPU). Allocations over the process's life per event published: **%.1f allocations, %.0f bytes**. Profiles: `bench/results/%s`, `bench/results/%s` (`go tool pprof -top …`).\n\n",
 			pr.Drain.EventsPerSec, pr.Drain.CPUSeconds, pr.Drain.Seconds, 100*pr.Drain.CPUSeconds/pr.Drain.Seconds, pr.AllocsPerEv, pr.BytesPerEv, pr.CPUProfile, pr.HeapProfile)
 		open := ""
 		if i == 0 {
@@ -599,7 +599,7 @@ func (b *bench) markdown(charts map[string]string) string {
 		p("<details><summary>Allocated bytes</summary>\n\n```\n%s\n```\n</details>\n\n", pr.TopAlloc)
 		p("<details><summary>Allocated objects</summary>\n\n```\n%s\n```\n</details>\n\n", pr.TopAllocObj)
 	}
-	p("### Hot paths, `go test -bench`\n\n`go test -run '^$' -bench . -benchmem -benchtime 500ms ./connector/wal ./connector/tracker ./route`, run by the bench at the end (same machine, same load):\n\n")
+	p("### Hot paths, `go test -bench`\n\n`go test -run '^$' -bench . -benchmem -benchtime 500ms ./relay/wal ./relay/tracker ./route`, run by the bench at the end (same machine, same load):\n\n")
 	if len(res.Micro) == 0 {
 		p("Not run.\n\n")
 	} else {

@@ -1,5 +1,5 @@
 // Command pprofrelay is the connector with profiling, for the bench: it runs
-// the same relay (connector/relay) from the same OUTBOX_* settings, serves
+// the same relay (relay) from the same OUTBOX_* settings, serves
 // /metrics and /debug/pprof/ on OUTBOX_HTTP_ADDR, records a CPU profile from
 // its start and, when told to stop (SIGTERM, SIGINT), writes the CPU profile
 // to BENCH_CPU_PROFILE, the allocation profile to BENCH_HEAP_PROFILE and
@@ -27,10 +27,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/pgoutbox/pgoutbox/connector/config"
-	"github.com/pgoutbox/pgoutbox/connector/metrics"
-	"github.com/pgoutbox/pgoutbox/connector/publish"
-	"github.com/pgoutbox/pgoutbox/connector/relay"
+	"github.com/pgoutbox/pgoutbox/relay/config"
+	"github.com/pgoutbox/pgoutbox/relay/metrics"
+	"github.com/pgoutbox/pgoutbox/relay/publish"
+	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

@@ -28,9 +28,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgoutbox/pgoutbox/connector/config"
-	"github.com/pgoutbox/pgoutbox/connector/metrics"
-	"github.com/pgoutbox/pgoutbox/connector/relay"
+	"github.com/pgoutbox/pgoutbox/relay/config"
+	"github.com/pgoutbox/pgoutbox/relay/metrics"
+	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/internal/localenv"
 	"github.com/pgoutbox/pgoutbox/route"
 )

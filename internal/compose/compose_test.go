@@ -9,7 +9,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	connconfig "github.com/pgoutbox/pgoutbox/connector/config"
+	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	swconfig "github.com/pgoutbox/pgoutbox/slotwatch/config"
 )

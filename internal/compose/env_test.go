@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	connconfig "github.com/pgoutbox/pgoutbox/connector/config"
+	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/route"

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	connconfig "github.com/pgoutbox/pgoutbox/connector/config"
+	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	swconfig "github.com/pgoutbox/pgoutbox/slotwatch/config"
 )

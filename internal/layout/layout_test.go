@@ -17,18 +17,10 @@ import (
 
 const module = "github.com/pgoutbox/pgoutbox"
 
-// knownImports are imports across binaries' folders that exist today
-// (issue 15: the demo and the profiling bench run the relay in-process;
-// the relay's packages are to move out of connector/).
-var knownImports = []string{
-	"bench/pprofrelay -> connector/config",
-	"bench/pprofrelay -> connector/metrics",
-	"bench/pprofrelay -> connector/publish",
-	"bench/pprofrelay -> connector/relay",
-	"examples/demo -> connector/config",
-	"examples/demo -> connector/metrics",
-	"examples/demo -> connector/relay",
-}
+// knownImports are imports across binaries' folders that exist today:
+// none since the relay's packages left connector/ for relay/ (the demo and
+// the profiling bench run the relay in-process).
+var knownImports []string
 
 // knownTesting are binaries that link the testing package today: none
 // since the demo and the bench start their services with internal/localenv.

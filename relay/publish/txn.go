@@ -1,0 +1,480 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	faultstep "github.com/pgoutbox/pgoutbox/relay/fault"
+	"github.com/pgoutbox/pgoutbox/relay/lease"
+	"github.com/pgoutbox/pgoutbox/relay/tracker"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
+)
+
+// Transactional mode. Every record goes into a Kafka transaction of the
+// slot's one transactional id; a record is done for the tracker (rule 1's
+// "acked") only when its transaction committed. A new leader's
+// InitProducerID bumps the id's epoch: from then on the old leader's
+// produce requests and commits fail with PRODUCER_FENCED or
+// INVALID_PRODUCER_EPOCH, and its open transaction is aborted, so a resumed
+// zombie publishes nothing after the new leader started.
+//
+// Committing stops the pipeline: franz-go must not produce while ending a
+// transaction (KIP-890), so each commit costs one flush (the acks of the
+// transaction's last records) and one EndTxn round trip. When to commit
+// trades latency against that stall:
+//   - at once when the stream has nothing more to hand over, under light
+//     load: latency is one commit;
+//   - under load (the stream's channel at least half full when the last
+//     commit ended), not before the transaction is four times as old as
+//     that commit took: at most a fifth of the time goes to committing,
+//     whatever the commit costs;
+//   - always at TxnInterval after the transaction's first record, or once it
+//     holds TxnMaxRecords records (bounded memory: the records are kept
+//     until their transaction commits).
+//
+// A PostgreSQL transaction may span several Kafka transactions: the tracker
+// confirms its end only once all are committed.
+
+// ErrFenced is returned when this producer may no longer publish: Kafka
+// fenced its transactional id (a newer leader initialised it), or the
+// lease's deadline passed. It wraps lease.ErrLost.
+var ErrFenced = fmt.Errorf("this instance may no longer publish: %w", lease.ErrLost)
+
+// isFenced reports Kafka's answers to a producer whose epoch is not the
+// newest: another producer initialised the same transactional id.
+func isFenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
+}
+
+// txnRec is what a record of the open transaction leaves behind once
+// produced: enough to acknowledge it and to name it as poison, but not its
+// row, which the garbage collector may take at once (a transaction holds up
+// to OUTBOX_MAX_IN_FLIGHT records; a failed one is read again from the WAL).
+type txnRec struct {
+	txn      *tracker.Txn
+	id       rowID
+	commit   time.Time // the PostgreSQL commit time, for the latency metric
+	topic    string
+	intended string // for a DLQ record, the topic the event was meant for
+	dlq      bool
+	size     int
+}
+
+type txnState struct {
+	open    bool
+	started time.Time
+	recs    []txnRec
+	// watch is the client's failure watch (nil without one): it tells
+	// whether franz-go ended a commit as an abort (endCommit).
+	watch *failureWatch
+	// failed holds the errors of the records whose promise reported one,
+	// by their index in recs, under Producer.mu. Every record shares one
+	// promise (txnPromise), so a record costs no closure; its context
+	// carries its index (recIndex, from slab).
+	failed  map[int]error
+	bad     atomic.Bool // a record failed: the transaction is lost
+	promise func(*kgo.Record, error)
+	slab    []recIndex
+	timer   *time.Timer
+	// linger is the age before which a transaction commits only at
+	// TxnMaxRecords: zero under light load, four times the last commit's
+	// duration under load.
+	linger     time.Duration
+	lastCommit time.Duration
+}
+
+// valid reports whether this instance may still publish.
+func (p *Producer) valid() bool { return p.cfg.Valid == nil || p.cfg.Valid() }
+
+// runTxn is Run in transactional mode.
+func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func()) error {
+	p.txn.watch, _ = p.client.OptValue(kgo.WithLogger).(*failureWatch)
+	p.txn.timer = time.NewTimer(time.Hour)
+	p.txn.timer.Stop()
+	defer p.txn.timer.Stop()
+	fail := func(err error) error {
+		onFatal()
+		p.abort()
+		return err
+	}
+	for {
+		var due <-chan time.Time
+		if p.txn.open {
+			due = p.txn.timer.C
+		}
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				if p.unfinished() {
+					// The stream stopped inside a PostgreSQL transaction
+					// (a graceful stop's grace ran out, or it failed):
+					// nothing of that transaction can be confirmed, the
+					// next session reads it again whole. Committed, what
+					// of it is open here would be published twice;
+					// aborted, it is not, and nothing is lost: what else
+					// the Kafka transaction holds is undone too and read
+					// again. (What earlier Kafka transactions committed of
+					// it is published again all the same: see README,
+					// "Delivery guarantees".)
+					p.log.Info("the stream stopped inside a PostgreSQL transaction; aborting the open Kafka transaction, which the next session writes again")
+					p.abort()
+					return nil
+				}
+				if err := p.commit(ctx); err != nil {
+					return fail(err)
+				}
+				return nil
+			}
+			if err := p.handle(ctx, ev); err != nil {
+				return fail(err)
+			}
+			if p.txn.open && (len(p.txn.recs) >= p.cfg.TxnMaxRecords || len(in) == 0 && time.Since(p.txn.started) >= p.txn.linger) {
+				if err := p.commit(ctx); err != nil {
+					return fail(err)
+				}
+				p.adapt(in)
+			}
+		case <-due:
+			if err := p.commit(ctx); err != nil {
+				return fail(err)
+			}
+			p.adapt(in)
+		case <-ctx.Done():
+			// The lease is lost (or the graceful stop ran out of time):
+			// publish nothing more; abort what is open.
+			p.abort()
+			return ctx.Err()
+		}
+	}
+}
+
+// sendTxn produces rec in the open transaction (opening one if needed).
+// intended is the topic a DLQ record's event was meant for.
+func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool) error {
+	if p.txn.bad.Load() {
+		// A record failed: the transaction cannot commit. Produce
+		// nothing more into it; find out why and end the session.
+		if err := p.commit(ctx); err != nil {
+			return err
+		}
+	}
+	size := recordSize(rec)
+	if !p.txn.open {
+		if err := p.client.BeginTransaction(); err != nil {
+			if isFenced(err) {
+				return fmt.Errorf("%w: begin a Kafka transaction: %w", ErrFenced, err)
+			}
+			return fmt.Errorf("begin a Kafka transaction: %w", err)
+		}
+		p.txn.open = true
+		p.txn.started = time.Now()
+		if p.txn.linger > 0 {
+			p.txn.timer.Reset(p.txn.linger)
+		} else {
+			p.txn.timer.Reset(p.cfg.TxnInterval)
+		}
+	}
+	p.txn.recs = append(p.txn.recs, txnRec{txn: ev.Txn, id: id, commit: ev.Row.Source.CommitTime, topic: rec.Topic, intended: intended, dlq: dlq, size: size})
+	if p.txn.promise == nil {
+		p.txn.promise = p.txnPromise
+	}
+	if len(p.txn.slab) == 0 {
+		p.txn.slab = make([]recIndex, 1024)
+	}
+	ri := &p.txn.slab[0]
+	p.txn.slab = p.txn.slab[1:]
+	*ri = recIndex{Context: ctx, i: len(p.txn.recs) - 1}
+	rec.Context = ri
+	p.client.Produce(ctx, rec, p.txn.promise)
+	return nil
+}
+
+// recIndex is a record's context in a transaction: the context it was
+// produced with, and its index in the transaction's records. They are cut
+// from a shared slab, so a record costs no allocation of its own, and the
+// records are not kept after Kafka acknowledged them.
+type recIndex struct {
+	context.Context
+	i int
+}
+
+// txnPromise is the promise of every record produced in a transaction.
+func (p *Producer) txnPromise(r *kgo.Record, err error) {
+	p.answers.Add(1)
+	if err == nil {
+		return
+	}
+	i := -1 // not produced by sendTxn (cannot happen): fails the transaction
+	if ri, ok := r.Context.(*recIndex); ok {
+		i = ri.i
+	}
+	p.mu.Lock()
+	if p.txn.failed == nil {
+		p.txn.failed = map[int]error{}
+	}
+	p.txn.failed[i] = err
+	p.mu.Unlock()
+	p.txn.bad.Store(true)
+}
+
+// unfinished reports whether the open Kafka transaction holds a record of
+// a PostgreSQL transaction whose commit the stream did not read. Called
+// once the stream closed its channel: every commit it read is recorded.
+func (p *Producer) unfinished() bool {
+	if !p.txn.open {
+		return false
+	}
+	for i := len(p.txn.recs) - 1; i >= 0; i-- {
+		if !p.txn.recs[i].txn.Committed() {
+			return true
+		}
+	}
+	return false
+}
+
+// loadMark is how many events waiting after a commit mean load.
+const loadMark = 128
+
+// adapt sets the next transaction's linger from the commit that just
+// ended: events that piled up during it mean load. An event or two is a
+// trickle, for which committing at once is cheapest in latency.
+func (p *Producer) adapt(in <-chan wal.Event) {
+	if len(in) < max(min(cap(in)/2, loadMark), 1) {
+		p.txn.linger = 0
+		return
+	}
+	p.txn.linger = min(4*p.txn.lastCommit, p.cfg.TxnInterval)
+}
+
+// commit flushes the open transaction and commits it, then marks its
+// records done. Any failure leaves them undone: the session ends, and the
+// next one (a new producer epoch, which aborts this transaction) reads them
+// again from the confirmed position.
+func (p *Producer) commit(ctx context.Context) error {
+	if !p.txn.open {
+		return nil
+	}
+	start := time.Now()
+	p.txn.timer.Stop()
+	if err := p.client.Flush(ctx); err != nil {
+		return fmt.Errorf("flush the Kafka transaction: %w", err)
+	}
+	if err := p.recordErrors(); err != nil {
+		return err
+	}
+	if p.txn.bad.Load() {
+		// A record of it failed and recordErrors said so before, to a
+		// caller that went on: a transaction that lost a record never
+		// commits, or the record would be acked unpublished.
+		return errors.New("a record of the open Kafka transaction failed; aborting it and reading again from the confirmed position")
+	}
+	// Checked after the flush, right before the commit: a leader past its
+	// deadline (a process resumed after a freeze) commits nothing. Kafka's
+	// fencing covers the rest of the way.
+	if !p.valid() {
+		return fmt.Errorf("%w: the leader lease's deadline passed before the Kafka transaction committed; aborting it", ErrFenced)
+	}
+	err := p.cfg.Faults.At(faultstep.BeforeKafkaCommit)
+	if err == nil {
+		err = p.endCommit(ctx)
+	}
+	p.txn.open = false
+	if err == nil {
+		// Committed at Kafka, not yet acked here: a failure now leaves the
+		// records unacked, read again and published again (duplicates).
+		err = p.cfg.Faults.At(faultstep.AfterKafkaCommit)
+	}
+	if err != nil {
+		if isFenced(err) {
+			return fmt.Errorf("%w: commit the Kafka transaction: %w", ErrFenced, err)
+		}
+		if isFatalKafka(err) {
+			return &wal.FatalError{Msg: "Kafka refused the transaction; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", Err: err}
+		}
+		return fmt.Errorf("commit the Kafka transaction: %w", err)
+	}
+	p.txn.lastCommit = time.Since(start)
+	p.metrics.KafkaTxns.WithLabelValues("commit").Inc()
+	p.metrics.KafkaTxnCommit.Observe(p.txn.lastCommit.Seconds())
+	for i := range p.txn.recs {
+		r := &p.txn.recs[i]
+		if !r.dlq {
+			p.published(r.topic).Inc()
+			if p.cfg.Published != nil {
+				p.cfg.Published.Add(1)
+			}
+			if ct := r.commit; !ct.IsZero() {
+				p.metrics.CommitToAck.Observe(time.Since(ct).Seconds())
+			}
+		}
+		r.txn.Done()
+	}
+	clear(p.txn.recs)
+	p.txn.recs = p.txn.recs[:0]
+	return nil
+}
+
+// errCommitAborted: franz-go ended a commit as an abort (see endCommit).
+var errCommitAborted = errors.New("franz-go ended the Kafka transaction as an abort although its records were produced (it counted no partition as added to the transaction); reading them again from the confirmed position")
+
+// errCommitSkipped: franz-go ended a commit without a transaction although
+// records were produced in it (see endCommit).
+var errCommitSkipped = errors.New("franz-go ended the Kafka transaction without committing it although records were produced in it (it counted no partition as added to the transaction and sent no EndTxn); reading them again from the confirmed position")
+
+// endCommit commits the open transaction. franz-go (v1.22.3) may end it as
+// an abort instead and return nil: when it counts no partition as added to
+// the transaction although a record of it was produced and its promise
+// reported success (seen when the transaction's first record went to a
+// topic the client had not produced to yet, with a cluster of several
+// brokers; under -race about one commit in fifty, TestTxnCommitNotDowngraded),
+// it logs emptyEndMsg and issues an abort. Taken as a commit, its records
+// would be acked and the position confirmed past records no
+// read_committed consumer will ever see. The failure watch catches the
+// line, which franz-go logs within this call: the commit failed, the
+// session ends, and the records are read again.
+//
+// On the other branch of the same miscount (a broker before KIP-890 part
+// 2, Kafka 4.0, or no produce counted as attempted) franz-go sends no
+// EndTxn at all, logs noTxnEndMsg at debug level and returns nil: the
+// records are left in a transaction the broker aborts at its timeout. With
+// no record produced that is an empty transaction, legal and no failure;
+// with one (p.txn.recs, every record produced into this transaction, whose
+// promises all reported success), the commit failed likewise. There is no
+// signal but the line: franz-go keeps what it counts as added unexported,
+// and counting records does not help, since its promises reported success
+// for each of them; asking the broker (DescribeTransactions) would cost a
+// round trip per commit and an ACL.
+func (p *Producer) endCommit(ctx context.Context) error {
+	w := p.txn.watch
+	if w != nil {
+		w.emptyEnd.Store(false)
+		w.noTxnEnd.Store(false)
+		w.ending.Store(true)
+		defer w.ending.Store(false)
+	}
+	if err := p.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		return err
+	}
+	if w != nil && w.emptyEnd.Load() {
+		p.log.Warn(errCommitAborted.Error())
+		return errCommitAborted
+	}
+	if w != nil && w.noTxnEnd.Load() && len(p.txn.recs) > 0 {
+		err := fmt.Errorf("%w (%d records produced)", errCommitSkipped, len(p.txn.recs))
+		p.log.Warn(err.Error())
+		return err
+	}
+	return nil
+}
+
+// recordErrors examines the records of the flushed transaction; any
+// failure aborts it. Records Kafka refused for their own account become
+// suspects (see Poison), to be produced alone when read again: the error is
+// then a *refusedError.
+func (p *Producer) recordErrors() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.txn.failed) == 0 {
+		return nil
+	}
+	defer clear(p.txn.failed)
+	var first, fenced, fatal error
+	refused := 0
+	for i := -1; i < len(p.txn.recs); i++ { // -1: a record sendTxn did not produce (cannot happen)
+		err := p.txn.failed[i]
+		if err == nil {
+			continue
+		}
+		switch classify(err) {
+		case faultFenced:
+			fenced = err
+		case faultFatal:
+			topic := ""
+			if i >= 0 {
+				topic = p.txn.recs[i].topic
+			}
+			fatal = &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics and the transactional id)", topic), Err: err}
+		case faultTransient:
+			if i >= 0 && isDataLoss(err) {
+				p.dataLoss(p.txn.recs[i].topic, err)
+			}
+		case faultRecord:
+			if i >= 0 {
+				r := &p.txn.recs[i]
+				if p.cfg.Poison.suspect(poisonKey(r.topic, r.id), err) {
+					p.metrics.KafkaRefused.WithLabelValues(r.topic, "suspect").Inc()
+				}
+				refused++
+			}
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	switch {
+	case fenced != nil:
+		return fmt.Errorf("%w: produce in the Kafka transaction: %w", ErrFenced, fenced)
+	case fatal != nil:
+		return fatal
+	case refused > 0 && classify(first) == faultRecord:
+		err := &refusedError{err: first, n: refused}
+		p.log.Warn(err.Error())
+		return err
+	}
+	p.log.Warn("a record of the Kafka transaction failed; aborting it and reading again from the confirmed position", "err", first)
+	return fmt.Errorf("produce in the Kafka transaction: %w", first)
+}
+
+// aloneTxn produces a suspect in a transaction of its own: what is open is
+// committed first. A refusal is a *refusedError, the transaction aborted.
+func (p *Producer) aloneTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo.Record, intended string, dlq bool) error {
+	if err := p.commit(ctx); err != nil {
+		var rf *refusedError
+		if errors.As(err, &rf) {
+			// Kafka refused records of the open transaction, not this
+			// one, which was not produced: no verdict on it (alone takes
+			// a *refusedError for its refusal). The session ends; those
+			// records are suspects now, and this one is produced alone
+			// in the next session.
+			return errors.New(rf.Error())
+		}
+		return err
+	}
+	if err := p.sendTxn(ctx, ev, id, rec, intended, dlq); err != nil {
+		return err
+	}
+	err := p.commit(ctx)
+	var rf *refusedError
+	if errors.As(err, &rf) {
+		p.abort()
+	}
+	return err
+}
+
+// abort ends the open transaction without committing, promptly, so that
+// read_committed consumers are not held back until a new epoch aborts it.
+// Errors do not matter: the session ends, and the next epoch aborts
+// whatever is left.
+func (p *Producer) abort() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = p.client.AbortBufferedRecords(ctx)
+	if len(p.txn.recs) > 0 || p.txn.open {
+		if err := p.client.EndTransaction(ctx, kgo.TryAbort); err == nil {
+			p.metrics.KafkaTxns.WithLabelValues("abort").Inc()
+		}
+	}
+	p.txn.open = false
+	clear(p.txn.recs)
+	p.txn.recs = p.txn.recs[:0]
+	p.mu.Lock()
+	clear(p.txn.failed)
+	p.mu.Unlock()
+	p.txn.bad.Store(false)
+}

@@ -1,0 +1,885 @@
+// Package relay runs the connector: it competes for the slot's leader lease
+// and, while it holds it, fences the previous leader (Kafka producer epoch,
+// the slot's old walsender), prepares the slot (creating it with an initial
+// snapshot, or adopting it after checking it against the state row), streams
+// it into the producer, persists what it confirms, and reconnects with capped
+// backoff after transient failures. Losing the lease stops it at once.
+package relay
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
+	"github.com/twmb/franz-go/plugin/kslog"
+
+	"github.com/pgoutbox/pgoutbox/relay/config"
+	"github.com/pgoutbox/pgoutbox/relay/fault"
+	"github.com/pgoutbox/pgoutbox/relay/lease"
+	"github.com/pgoutbox/pgoutbox/relay/metrics"
+	"github.com/pgoutbox/pgoutbox/relay/publish"
+	"github.com/pgoutbox/pgoutbox/relay/tracker"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/route"
+)
+
+// Relay is the connector.
+type Relay struct {
+	cfg     config.Config
+	log     *slog.Logger
+	metrics *metrics.Metrics
+	router  *route.Router
+
+	schema, table string
+
+	// Visible state for metrics and health.
+	streaming atomic.Bool
+	cur       atomic.Pointer[tracker.Tracker]
+	confirmed atomic.Uint64
+	stall     stallWatch // the liveness clock: work owed, and since when without progress
+	lastErr   atomic.Pointer[string]
+	published atomic.Int64
+
+	elector *lease.Elector
+	lead    atomic.Pointer[leadership] // the current or last term
+	poison  publish.Poison             // records Kafka refused: suspects and the guilty, across sessions
+
+	// faults, set by tests only, fails or stops a session at a named step.
+	faults fault.Hook
+}
+
+// TokenHeader is the record header carrying the lease's fencing token
+// (decimal text).
+const TokenHeader = "outbox.lease.token"
+
+// handOver is how many decoded events wait between the stream and the
+// producer. It lets the stream keep reading while the producer is busy for
+// a moment (a Kafka transaction commits in 10-20 ms, during which a drain
+// decodes several hundred events) instead of stalling the walsender.
+const handOver = 4096
+
+// replicationReadBuffer is the read buffer under the replication
+// connection.
+const replicationReadBuffer = 256 << 10
+
+// leadership is this instance's state during one term of the lease.
+type leadership struct {
+	term *lease.Term
+	// established: the previous leader is fenced (Kafka producer epoch
+	// bumped, the slot's old walsender gone); from then on the instance
+	// reports itself leader.
+	established atomic.Bool
+	headers     []kgo.RecordHeader
+}
+
+// New returns a relay for cfg.
+func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.Metrics) *Relay {
+	schema, table, _ := config.SplitTable(cfg.Table)
+	r := &Relay{cfg: cfg, log: log, metrics: m, router: router, schema: schema, table: table}
+	r.stall.timeout = cfg.StallTimeout
+	r.elector = lease.New(lease.Config{
+		DSN: cfg.PGDSN, Slot: cfg.Slot, Holder: lease.DefaultHolder(), TTL: cfg.LeaseTTL,
+		// Without Kafka transactions nothing fences a deposed leader at the
+		// broker: a standby waits until the old lease has expired.
+		WaitForExpiry: !cfg.Transactional, Log: log.With("component", "lease"),
+		OnAcquire: func(t *lease.Term) {
+			m.Takeovers.Inc()
+			m.LeaseToken.Set(float64(t.Token))
+		},
+	})
+	// Computed at scrape time from the monotonic clock: a process resumed
+	// after a freeze reports 0 at once, before its timers have run.
+	m.GaugeFunc("outbox_connector_leader", "1 while this instance leads (holds the lease and has fenced the previous leader), 0 as a standby.", func() float64 {
+		if r.Leading() {
+			return 1
+		}
+		return 0
+	})
+	m.GaugeFunc("outbox_connector_events_in_flight", "Events handed to Kafka and not yet acknowledged.", func() float64 {
+		if t := r.cur.Load(); t != nil {
+			return float64(t.Positions().InFlight)
+		}
+		return 0
+	})
+	m.GaugeFunc("outbox_connector_oldest_unacked_age_seconds", "Age of the oldest transaction read from the WAL and not yet fully acknowledged.", func() float64 {
+		if t := r.cur.Load(); t != nil {
+			if at := t.OldestOpen(); !at.IsZero() {
+				return time.Since(at).Seconds()
+			}
+		}
+		return 0
+	})
+	m.GaugeFunc("outbox_connector_received_lsn", "Newest WAL position received from the slot.", func() float64 {
+		if t := r.cur.Load(); t != nil {
+			return float64(t.Positions().Received)
+		}
+		return 0
+	})
+	m.GaugeFunc("outbox_connector_acked_lsn", "WAL position up to which every event is acknowledged by Kafka or dead-lettered.", func() float64 {
+		if t := r.cur.Load(); t != nil {
+			return float64(t.Acked())
+		}
+		return 0
+	})
+	m.GaugeFunc("outbox_connector_confirmed_lsn", "WAL position recorded durably and confirmable to PostgreSQL.", func() float64 {
+		return float64(r.confirmed.Load())
+	})
+	r.stallMetrics(m)
+	return r
+}
+
+// Streaming reports whether a session is streaming the slot.
+func (r *Relay) Streaming() bool { return r.streaming.Load() }
+
+// Leading reports whether this instance leads: it holds the lease, by its
+// own monotonic clock, and has fenced the previous leader.
+func (r *Relay) Leading() bool {
+	l := r.lead.Load()
+	return l != nil && l.established.Load() && l.term.Valid()
+}
+
+// Token is the fencing token of the current or last term (0 before any).
+func (r *Relay) Token() int64 {
+	if l := r.lead.Load(); l != nil {
+		return l.term.Token
+	}
+	return 0
+}
+
+// Ready reports a healthy leader or standby: not stalled, and able to see
+// the lease (a standby that cannot could never take over).
+func (r *Relay) Ready() (bool, string) {
+	if stalled, why := r.Stalled(); stalled {
+		return false, "stalled: " + why
+	}
+	if ok, why := r.elector.Healthy(); !ok {
+		return false, "lease: " + why
+	}
+	return true, ""
+}
+
+// Stalled reports work owed (events in flight, or read by a stream that
+// ended before delivering them) with no progress (none acknowledged or
+// dead-lettered, the acked position unmoved) for longer than the stall
+// timeout (see stallWatch). A large transaction whose records are being
+// acknowledged is not a stall, though its end LSN is acked only at the end;
+// nothing owed on a streaming leader is never one, nor is anything on an
+// instance without the lease. Holding the lease with no session past setup
+// for that long is one, and so are sessions that keep ending with no
+// progress for that long.
+func (r *Relay) Stalled() (bool, string) { return r.stalledAt(time.Now()) }
+
+// LastError is the last transient error (for /readyz detail).
+func (r *Relay) LastError() string {
+	if s := r.lastErr.Load(); s != nil {
+		return *s
+	}
+	return ""
+}
+
+// Run competes for the lease until ctx is done, streaming while it leads.
+// At shutdown a leader stops gracefully (stop reading, flush Kafka, confirm
+// the last acked LSN) and then releases the lease, so that a standby takes
+// over at once. Run returns nil then, or a fatal error.
+func (r *Relay) Run(ctx context.Context) error {
+	pool, err := pgxpool.New(ctx, r.cfg.PGDSN)
+	if err != nil {
+		return &wal.FatalError{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
+	}
+	defer pool.Close()
+	return r.elector.Run(ctx, func(ctx context.Context, t *lease.Term) error { return r.leadTerm(ctx, t, pool) })
+}
+
+// leadTerm streams during one term, reconnecting after transient failures.
+// It returns when ctx is done (nil after a graceful stop, whatever step it
+// cut, unless the session failed fatally), when the term
+// ends (its error wraps lease.ErrLost), or on a fatal error.
+func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool) error {
+	l := &leadership{term: t, headers: []kgo.RecordHeader{{Key: TokenHeader, Value: []byte(strconv.FormatInt(t.Token, 10))}}}
+	r.lead.Store(l)
+	tctx := t.Context()
+	backoff := 500 * time.Millisecond
+	for {
+		started := time.Now()
+		err := r.session(ctx, l, pool)
+		r.streaming.Store(false)
+		switch {
+		case tctx.Err() != nil:
+			return t.Err()
+		case ctx.Err() != nil:
+			// A graceful stop: an error now is the stop's own (a step of
+			// setup or of the snapshot cut by the cancelled context), and
+			// the process exits 0. A fatal one still says what to fix.
+			if wal.IsFatal(err) {
+				return err
+			}
+			return nil
+		case err == nil:
+			// A session returns nil only when stopping (above): anything
+			// else is a cause lost on the way, and restarting at once, with
+			// no backoff, could loop.
+			err = errors.New("the session ended with no error while the connector runs")
+		case errors.Is(err, lease.ErrLost) && !t.Valid():
+			return err
+		case errors.Is(err, lease.ErrLost):
+			// Fenced at Kafka while the lease is still ours: a leader
+			// whose term had ended initialised the transactional id after
+			// we did (it publishes nothing: its lease is gone). A new
+			// session takes the id back.
+			r.log.Warn("Kafka fenced this leader's producer although it holds the lease; starting a new session", "token", t.Token, "err", err)
+		case wal.IsFatal(err):
+			return err
+		}
+		msg := config.RedactError(err, r.cfg.PGDSN)
+		r.lastErr.Store(&msg)
+		if time.Since(started) > time.Minute {
+			backoff = 500 * time.Millisecond
+		}
+		r.metrics.Reconnects.WithLabelValues(target(err)).Inc()
+		r.log.Warn("stream interrupted; reconnecting", "err", msg, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tctx.Done():
+			return t.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+func target(err error) string {
+	if strings.Contains(err.Error(), "Kafka") || strings.Contains(err.Error(), "kafka") {
+		return "kafka"
+	}
+	return "postgres"
+}
+
+// newKafkaClient returns the session's Kafka client: transactional with
+// txnID when OUTBOX_KAFKA_TRANSACTIONAL is on. A client lives for one
+// session, so a new session always starts with a new producer epoch; it
+// must be closed before the next is made (its metrics are unregistered then).
+func (r *Relay) newKafkaClient(txnID string) (*kgo.Client, error) {
+	opts := r.cfg.Kafka.Opts(nil)
+	opts = append(opts, publish.ClientOpts(r.cfg.MaxInFlight, r.cfg.MaxMessageBytes, r.cfg.Compression, r.cfg.Linger)...)
+	if r.cfg.Transactional {
+		opts = append(opts, kgo.TransactionalID(txnID))
+		opts = append(opts, publish.TxnRetryOpts()...)
+	}
+	opts = append(opts,
+		// WatchFailures: an idempotent producer halts at a refused batch,
+		// before franz-go fails its records (see publish/idem.go).
+		kgo.WithLogger(publish.WatchFailures(kafkaLogger{kslog.New(r.log.With("component", "kafka"))})),
+		kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry)), kafkaDialErrors{r}))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, &wal.FatalError{Msg: "Kafka client settings (OUTBOX_KAFKA_*)", Err: err}
+	}
+	return cl, nil
+}
+
+// kafkaLogger demotes franz-go's info logs to debug: every Kafka
+// transaction begins, flushes and ends with some.
+type kafkaLogger struct{ kgo.Logger }
+
+func (l kafkaLogger) Level() kgo.LogLevel {
+	if lv := l.Logger.Level(); lv != kgo.LogLevelInfo {
+		return lv
+	}
+	return kgo.LogLevelWarn
+}
+
+// hardContext is cancelled d after parent is done: the graceful stop's
+// deadline.
+func hardContext(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+	stop := context.AfterFunc(parent, func() {
+		t := time.AfterFunc(d, cancel)
+		context.AfterFunc(ctx, func() { t.Stop() })
+	})
+	return ctx, func() { stop(); cancel() }
+}
+
+// session is one connection to PostgreSQL and one Kafka client during term
+// l: fence the previous leader, prepare the slot, snapshot if needed,
+// stream. It returns nil on a graceful stop (ctx done), and an error
+// wrapping lease.ErrLost when the term ended: then it stopped at once,
+// publishing nothing more and confirming nothing more.
+func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) error {
+	t := l.term
+	tctx := t.Context()
+	// Until streaming starts, every blocking step ends with ctx or the term.
+	setupCtx, cancelSetup := context.WithCancel(ctx)
+	defer cancelSetup()
+	defer context.AfterFunc(tctx, cancelSetup)()
+
+	conn, err := pgx.Connect(setupCtx, r.cfg.PGDSN)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rcfg, err := pgconn.ParseConfig(r.cfg.PGDSN)
+	if err != nil {
+		return &wal.FatalError{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
+	}
+	rcfg.RuntimeParams["replication"] = "database"
+	// PostgreSQL 18 says it skipped the publication only by a WARNING
+	// (wal.Stream's notice), which client_min_messages = error set on the
+	// role, the database or in the DSN's options would withhold: the skip
+	// would be silent and confirmed past. A startup parameter outranks the
+	// role's and the database's settings and the options' -c.
+	rcfg.RuntimeParams["client_min_messages"] = "notice"
+	// pgconn reads through an 8 KiB chunk buffer: one system call per few
+	// messages while draining a backlog. A larger buffer under it takes
+	// whatever the socket holds in one read.
+	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, replicationReadBuffer), w)
+	}
+	var versionNum int
+	var senderTimeout int64
+	if err := conn.QueryRow(setupCtx, querySettings).Scan(&versionNum, &senderTimeout); err != nil {
+		return fmt.Errorf("read server settings: %w", err)
+	}
+	// A frozen leader keeps its session, and its walsender keeps the slot
+	// until wal_sender_timeout (60 s by default). Capped at the lease TTL on
+	// this connection, it lets go about when a standby may take over, even
+	// where the new leader may not terminate it.
+	if ttl := r.cfg.LeaseTTL.Milliseconds(); senderTimeout == 0 || senderTimeout > ttl {
+		rcfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(ttl, 10)
+	}
+	rconn, err := pgconn.ConnectConfig(setupCtx, rcfg)
+	if err != nil {
+		return fmt.Errorf("open replication connection: %w", err)
+	}
+	defer rconn.Close(context.WithoutCancel(ctx))
+
+	// The publication is created only together with a new slot (before
+	// it, so that it exists at the slot's consistent point); for a slot
+	// that exists a missing publication stops the connector (see
+	// wal.EnsurePublication).
+	info, slotExists, err := wal.GetSlot(setupCtx, conn, r.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	var existing *wal.SlotInfo
+	if slotExists {
+		existing = &info
+	}
+	created, err := wal.EnsurePublication(setupCtx, conn, r.cfg.Publication, r.schema, r.table, existing)
+	if err != nil {
+		return err
+	}
+	if created {
+		r.log.Info("created publication", "publication", r.cfg.Publication, "table", r.schema+"."+r.table)
+	}
+	if err := wal.EnsureStateTable(setupCtx, conn); err != nil {
+		return err
+	}
+	sys, err := pglogrepl.IdentifySystem(setupCtx, rconn)
+	if err != nil {
+		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	db := conn.Config().Database
+
+	// One transactional id per slot: the same for every instance that may
+	// stream it, different for any other slot, database or cluster sharing
+	// the Kafka cluster. Kafka ACLs can grant it by the prefix
+	// "outbox-connector-".
+	txnID := fmt.Sprintf("outbox-connector-%s-%s-%s", sys.SystemID, db, r.cfg.Slot)
+	kcl, err := r.newKafkaClient(txnID)
+	if err != nil {
+		return err
+	}
+	closeKafka := sync.OnceFunc(kcl.Close)
+	defer closeKafka()
+	if !r.cfg.Transactional {
+		// Without Kafka transactions nothing at the broker fences this
+		// producer, and the client goes on sending (and retrying) what it
+		// buffered until it is closed: once the term ended, a standby may
+		// take over (a guard after this instance's deadline), so close the
+		// client at once rather than when the session has unwound (the
+		// state writer or the snapshot may still wait on a dead database
+		// connection then). Records it fails stay unacked and are read
+		// again by the next leader.
+		defer context.AfterFunc(tctx, closeKafka)()
+	} else {
+		// Fence the previous leader at the broker before reading anything:
+		// InitProducerID bumps the epoch of the slot's transactional id,
+		// which aborts its open transaction and refuses its produce
+		// requests and commits from now on.
+		id, epoch, err := kcl.ProducerID(setupCtx)
+		if err != nil {
+			if tctx.Err() != nil {
+				return t.Err()
+			}
+			if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+				return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", txnID), Err: err}
+			}
+			return fmt.Errorf("initialise the Kafka transactional producer %q: %w", txnID, err)
+		}
+		r.log.Info("Kafka producer initialised; earlier producers of the slot are fenced", "transactional_id", txnID, "producer_id", id, "epoch", epoch, "token", t.Token)
+	}
+	if err := r.freeSlot(setupCtx, conn, rconn.PID()); err != nil {
+		if tctx.Err() != nil {
+			return t.Err()
+		}
+		return err
+	}
+	l.established.Store(true)
+
+	tr := tracker.New(0)
+	events := make(chan wal.Event, handOver)
+	prod := publish.New(r.producerConfig(l), kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
+
+	start, st, snapshot, err := r.prepareSlot(setupCtx, t, conn, rconn, sys.SystemID, db)
+	if err != nil {
+		if tctx.Err() != nil {
+			return t.Err()
+		}
+		return err
+	}
+	tr = tracker.New(start)
+	r.cur.Store(tr)
+
+	// streamCtx ends reading: at shutdown (soft), or with the term (hard,
+	// with Abort). hardCtx ends the producer: ShutdownTimeout after the
+	// shutdown began, or at once with the term.
+	streamCtx, cancelStream := context.WithCancel(ctx)
+	defer cancelStream()
+	defer context.AfterFunc(tctx, cancelStream)()
+	hardCtx, cancelHard := hardContext(ctx, r.cfg.ShutdownTimeout)
+	defer cancelHard()
+	defer context.AfterFunc(tctx, cancelHard)()
+
+	var prodErr error
+	prodDone := make(chan struct{})
+	go func() {
+		defer close(prodDone)
+		prodErr = prod.Run(hardCtx, events, cancelStream)
+	}()
+
+	sw := &stateWriter{conn: conn, st: st, tracker: tr, term: t, log: r.log, faults: r.faults, onAck: func(lsn uint64) {
+		r.confirmed.Store(lsn)
+		// Every tick, moved or not: the stall clock restarts only if the
+		// tracker counted progress since the last look.
+		r.lookStall(time.Now())
+	}}
+	sw.durable.Store(st.Confirmed)
+	r.confirmed.Store(min(st.Confirmed, start))
+
+	var streamErr error
+	if snapshot != nil {
+		streamErr = r.publishSnapshot(streamCtx, snapshot, tr, events, start)
+		if streamErr == nil {
+			streamErr = r.faults.At(fault.SnapshotDone)
+		}
+		if streamErr == nil {
+			// Recorded only once every snapshot row is acked: a crash before
+			// this point takes the snapshot again at the next start.
+			st.SnapshotDone = true
+			sw.st.SnapshotDone = true
+			streamErr = lost(wal.SaveState(streamCtx, conn, st, wal.Fence{Token: t.Token}))
+		}
+		snapshot.close(ctx)
+	}
+	var swErr error
+	swDone := make(chan struct{})
+	if streamErr == nil {
+		go func() {
+			defer close(swDone)
+			swErr = sw.run(streamCtx, r.cfg.StatusInterval)
+			if swErr != nil && streamCtx.Err() == nil {
+				cancelStream()
+			}
+		}()
+		s := &wal.Stream{
+			Conn: rconn, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Schema: r.schema, Table: r.table,
+			Messages: versionNum >= 140000, Tracker: tr, Out: events, StatusInterval: r.cfg.StatusInterval,
+			StopGrace:   r.cfg.ShutdownTimeout / 2,
+			Abort:       tctx,
+			Log:         r.log.With("component", "stream", "slot", r.cfg.Slot),
+			Faults:      r.faults,
+			Confirmable: func() uint64 { return min(tr.Acked(), sw.durable.Load()) },
+			// An insert named by a partition of the outbox stops the stream
+			// (a publication without publish_via_partition_root).
+			IsOutboxPartition: wal.OutboxPartitionOf(pool, r.schema, r.table),
+			// And so does one with the partitioned outbox's columns that is
+			// no partition now (detached or dropped since the insert).
+			OutboxColumns: wal.OutboxColumnsOf(pool, r.schema, r.table),
+			// The columns a former partition must have: those the router
+			// reads, not today's column set, which may have changed since.
+			RoutingColumns: wal.RoutingColumns(r.router.Config()),
+			Counters: wal.Counters{
+				Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
+				Refused: r.metrics.Refused.Inc,
+				Status:  r.metrics.StatusUpdates.Inc,
+			},
+		}
+		r.streaming.Store(true)
+		r.log.Info("streaming", "slot", r.cfg.Slot, "publication", r.cfg.Publication, "lsn", wal.FormatLSN(start), "token", t.Token)
+		streamErr = s.Run(streamCtx, start)
+		r.streaming.Store(false)
+		if streamErr == nil && ctx.Err() != nil && tctx.Err() == nil {
+			// Graceful stop: stop reading (done), wait for Kafka, record and
+			// confirm the last acked position, end the stream cleanly. The
+			// state writer stops first so that Finish owns the last write.
+			cancelStream()
+			<-swDone
+			streamErr = s.Finish(hardCtx, func(fctx context.Context) uint64 {
+				if err := sw.write(fctx, max(tr.Acked(), s.SentFlush()), true); err != nil {
+					r.log.Warn("final state write failed", "err", err)
+				}
+				return sw.durable.Load()
+			})
+			if streamErr == nil {
+				r.log.Info("stopped; final position confirmed", "slot", r.cfg.Slot, "lsn", wal.FormatLSN(s.SentFlush()), "token", t.Token)
+			}
+		}
+	} else {
+		close(swDone)
+	}
+	cancelStream()
+	close(events)
+	<-prodDone
+	<-swDone
+	tr.Reset()
+	if tctx.Err() != nil {
+		// The term ended: whatever failed on the way out, the cause is that.
+		return t.Err()
+	}
+	// A producer error wrapping context.Canceled is the stop's own only
+	// when this session is stopping (the term's end returned above).
+	// Otherwise it is a failure (idempotent mode: records of another
+	// partition failed with the halted session's context before the refused
+	// batch's promise said why), and taken for a stop it restarted the
+	// session at once, with no backoff and its reason lost.
+	if prodErr != nil && (ctx.Err() == nil || !errors.Is(prodErr, context.Canceled)) {
+		return prodErr
+	}
+	if streamErr != nil {
+		return streamErr
+	}
+	if swErr != nil && ctx.Err() == nil {
+		return swErr
+	}
+	return nil
+}
+
+// querySettings reads what the session needs to know of the server;
+// wal_sender_timeout in milliseconds (0: disabled).
+const querySettings = `
+SELECT current_setting('server_version_num')::int,
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout')`
+
+const querySlotWalsender = `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`
+
+// freeSlot makes sure no other walsender holds the slot (the previous
+// leader's, killed or frozen; or this instance's own from a broken
+// connection) before the replication connection (pid own) starts streaming:
+// it terminates it, which a role may do to its own sessions (another role's
+// need pg_signal_backend), and waits until it has exited. Where it may not,
+// it waits for the walsender to time out.
+func (r *Relay) freeSlot(ctx context.Context, conn *pgx.Conn, own uint32) error {
+	var lastKill time.Time
+	warned := false
+	for {
+		var pid int32
+		err := conn.QueryRow(ctx, querySlotWalsender, r.cfg.Slot).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) || err == nil && (pid == 0 || uint32(pid) == own) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("look up the walsender of slot %q: %w", r.cfg.Slot, err)
+		}
+		if time.Since(lastKill) > time.Second {
+			lastKill = time.Now()
+			var ok bool
+			err := conn.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok)
+			var pgErr *pgconn.PgError
+			switch {
+			case err == nil:
+				r.log.Info("terminated the walsender still holding the slot (a previous leader's)", "slot", r.cfg.Slot, "pid", pid)
+			case errors.As(err, &pgErr) && pgErr.Code == "42501":
+				if !warned {
+					warned = true
+					r.log.Warn("the walsender of a previous leader still holds the slot and this role may not terminate it (run every instance as the same role, or GRANT pg_signal_backend TO the connector's role); waiting until it times out (wal_sender_timeout)",
+						"slot", r.cfg.Slot, "pid", pid, "err", err)
+				}
+			default:
+				return fmt.Errorf("terminate the walsender holding slot %q: %w", r.cfg.Slot, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// lost marks a state write refused by its fence (wal.ErrFenced: another
+// instance holds the lease now) as the loss of the lease.
+func lost(err error) error {
+	if errors.Is(err, wal.ErrFenced) {
+		return fmt.Errorf("%w: %w", lease.ErrLost, err)
+	}
+	return err
+}
+
+func (r *Relay) producerConfig(l *leadership) publish.Config {
+	cfgs, _ := config.ParseTopicConfigs(r.cfg.TopicConfigs)
+	return publish.Config{
+		DLQTopic: r.cfg.DLQTopic, MaxMessageBytes: r.cfg.MaxMessageBytes, TopicCreate: r.cfg.TopicCreate,
+		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
+		TopicConfigs: cfgs, Headers: func() []kgo.RecordHeader { return l.headers }, Published: &r.published,
+		Transactional: r.cfg.Transactional, TxnInterval: r.cfg.TxnInterval, TxnMaxRecords: r.cfg.MaxInFlight,
+		Poison: &r.poison, Valid: l.term.Valid, Faults: r.faults,
+		// A producer waiting for what only an operator can fix (a missing
+		// topic) says so in /readyz detail.
+		Blocked: func(reason string) { r.lastErr.Store(&reason) },
+	}
+}
+
+// Published is how many records Kafka acknowledged since the start.
+func (r *Relay) Published() int64 { return r.published.Load() }
+
+// promiseHeadroom is how far past the acked position a state write lets
+// the connector confirm. WAL with no outbox events still needs confirming
+// (rule 5), but our own state write, and the running-xacts and checkpoint
+// records the server logs after any activity, are WAL too: if each of them
+// called for another write, an idle database would never go quiet. With the
+// headroom, those few records (at most one full-page image of the state row
+// and a few small records) are confirmed without a write, and a database with
+// no other activity sees nothing more from the connector. The price: a slot
+// advanced by someone else by less than this past the last position the
+// connector examined is not detected at start. A graceful stop records the
+// exact position, so the headroom does not outlive the process.
+const promiseHeadroom = 16 << 10
+
+// stateWriter persists the position the connector may confirm before it is
+// confirmed (the promise), so that a slot moved behind its back is detected
+// at the next start.
+type stateWriter struct {
+	mu      sync.Mutex
+	conn    *pgx.Conn
+	st      wal.State
+	tracker *tracker.Tracker
+	term    *lease.Term // every write is fenced with its token (wal.Fence)
+	log     *slog.Logger
+	// onAck is told the position each write covers, on every tick whether
+	// it moved or not: it is no sign of progress (the stall clock is the
+	// tracker's progress count).
+	onAck   func(uint64)
+	durable atomic.Uint64 // the recorded promise
+	faults  fault.Hook
+}
+
+// run writes at most once per interval: each write is a commit, and the
+// confirmation it allows only goes out once per status interval anyway.
+func (w *stateWriter) run(ctx context.Context, every time.Duration) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		// The write itself is not cancelled with ctx: pgx closes a
+		// connection whose query is cancelled, and the final write at a
+		// graceful stop needs this connection.
+		// It ends with the term, though: a write after it is fenced anyway,
+		// and the session must not wait 30 s on a dead connection.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		stop := context.AfterFunc(w.term.Context(), cancel)
+		err := w.write(wctx, w.tracker.Acked(), false)
+		stop()
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// write records a promise covering target when the current one does not.
+// final records exactly target (a graceful stop: target is at least every
+// position sent, so the promise may shrink to it).
+func (w *stateWriter) write(ctx context.Context, target uint64, final bool) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.st
+	if final {
+		st.Confirmed = target
+		if err := lost(wal.SetStateExact(ctx, w.conn, st, wal.Fence{Token: w.term.Token})); err != nil {
+			return err
+		}
+		w.durable.Store(target)
+		w.onAck(target)
+		return nil
+	}
+	if target <= w.durable.Load() {
+		w.onAck(target)
+		return nil
+	}
+	st.Confirmed = target + promiseHeadroom
+	if err := w.faults.At(fault.BeforePromise); err != nil {
+		return err
+	}
+	if err := lost(wal.SaveState(ctx, w.conn, st, wal.Fence{Token: w.term.Token})); err != nil {
+		return err
+	}
+	if err := w.faults.At(fault.AfterPromise); err != nil {
+		return err
+	}
+	w.durable.Store(st.Confirmed)
+	w.onAck(target)
+	return nil
+}
+
+// prepareSlot creates or adopts the slot and checks it against the state
+// row. It returns the position to stream from, the state, and an open
+// snapshot to publish first when one is due.
+func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, rconn *pgconn.PgConn, systemID, db string) (uint64, wal.State, *snapshot, error) {
+	save := func(f func(context.Context, wal.Execer, wal.State, wal.Fence) error, st wal.State) error {
+		return lost(f(ctx, conn, st, wal.Fence{Token: t.Token}))
+	}
+	slot := r.cfg.Slot
+	info, exists, err := wal.GetSlot(ctx, conn, slot)
+	if err != nil {
+		return 0, wal.State{}, nil, err
+	}
+	st, hasState, err := wal.LoadState(ctx, conn, slot)
+	if err != nil {
+		return 0, st, nil, err
+	}
+	// A state row that only records the intent to create the slot (a
+	// start that died, or failed, between recording it and recording the
+	// new slot's position) is not a slot the connector streamed.
+	creating := hasState && st.Creating() && st.SystemID == systemID
+	if !exists {
+		if hasState && !creating && st.SystemID == systemID && !r.cfg.AcceptSlotReset {
+			return 0, st, nil, wal.Fatalf("replication slot %q is gone, but the connector streamed it before (confirmed %s): it was dropped behind the connector's back, so events written since may never be published. "+
+				"Check the outbox table for events after that position, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to create a new slot", slot, wal.FormatLSN(st.Confirmed))
+		}
+		initial := r.cfg.Snapshot == "initial"
+		if initial {
+			// Record the intent before the slot exists: CREATE_REPLICATION_SLOT
+			// makes a persistent slot at once, and if anything fails before
+			// the snapshot is recorded as done (importing it, the state
+			// write, the lease, a kill), the next start must know that this
+			// slot is the connector's own and still owes its snapshot,
+			// rather than adopt it as an operator's slot and skip the rows
+			// written before it.
+			intent := wal.State{Slot: slot, SystemID: systemID}
+			if err := save(wal.ResetState, intent); err != nil {
+				return 0, st, nil, err
+			}
+			if err := r.faults.At(fault.SlotIntent); err != nil {
+				return 0, st, nil, err
+			}
+		}
+		consistent, snapName, err := wal.CreateSlot(ctx, rconn, slot, initial)
+		if err != nil {
+			return 0, st, nil, err
+		}
+		r.log.Info("created replication slot", "slot", slot, "plugin", "pgoutput", "lsn", wal.FormatLSN(consistent), "snapshot", r.cfg.Snapshot)
+		if err := r.faults.At(fault.SlotCreated); err != nil {
+			return 0, st, nil, err
+		}
+		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: consistent, SnapshotDone: !initial}
+		var snap *snapshot
+		if initial {
+			// Import the exported snapshot before anything else runs on the
+			// replication connection: the next command there ends it.
+			snap, err = r.openSnapshot(ctx, snapName)
+			if err == nil {
+				err = r.faults.At(fault.SnapshotImported)
+			}
+			if err != nil {
+				if snap != nil {
+					snap.close(ctx)
+				}
+				return 0, st, nil, err
+			}
+		}
+		err = save(wal.ResetState, st)
+		if err == nil {
+			err = r.faults.At(fault.StateWritten)
+		}
+		if err != nil {
+			if snap != nil {
+				snap.close(ctx)
+			}
+			return 0, st, nil, err
+		}
+		return consistent, st, snap, nil
+	}
+	if err := wal.CheckSlot(info, db); err != nil {
+		return 0, st, nil, err
+	}
+	if creating {
+		// The connector created this slot, but died or failed before it
+		// recorded the slot's position: the exported snapshot is gone, so
+		// the snapshot is taken again below from the table as it is now,
+		// and streaming starts at the slot's own position. Rows committed
+		// in between are both read and streamed: duplicates, never losses.
+		r.log.Warn("found the slot this connector was creating when its last start failed; recording its position and taking the initial snapshot again", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush))
+		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush}
+		if err := save(wal.ResetState, st); err != nil {
+			return 0, st, nil, err
+		}
+		if err := r.faults.At(fault.StateWritten); err != nil {
+			return 0, st, nil, err
+		}
+	}
+	if !hasState {
+		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, SnapshotDone: true}
+		if err := save(wal.SaveState, st); err != nil {
+			return 0, st, nil, err
+		}
+		r.log.Info("adopted existing replication slot as it is (no snapshot)", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush))
+		return info.ConfirmedFlush, st, nil, nil
+	}
+	if err := wal.CheckSlotAgainstState(info, st, systemID); err != nil {
+		if !r.cfg.AcceptSlotReset {
+			return 0, st, nil, err
+		}
+		r.log.Warn("OUTBOX_ACCEPT_SLOT_RESET=true: continuing from the slot's position although events may have been skipped", "slot", slot, "err", err)
+		st.SystemID = systemID
+		st.Confirmed = info.ConfirmedFlush
+		if err := save(wal.ResetState, st); err != nil {
+			return 0, st, nil, err
+		}
+	}
+	if !st.SnapshotDone {
+		// A crash during the initial snapshot: its exported snapshot is
+		// gone, so re-read the table as it is now. Rows inserted since are
+		// also streamed (duplicates, never losses).
+		r.log.Warn("the initial snapshot did not complete before the last stop; taking it again from the table as it is now", "slot", slot)
+		snap, err := r.openSnapshot(ctx, "")
+		if err != nil {
+			return 0, st, nil, err
+		}
+		return info.ConfirmedFlush, st, snap, nil
+	}
+	return info.ConfirmedFlush, st, nil, nil
+}

@@ -1,0 +1,178 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/relay/fault"
+	"github.com/pgoutbox/pgoutbox/relay/tracker"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/route"
+)
+
+// snapshot is an open repeatable-read transaction on a second connection,
+// importing the snapshot the slot exported, so that the rows it reads are
+// exactly those committed before the slot's consistent point.
+type snapshot struct {
+	conn *pgx.Conn
+	tx   pgx.Tx
+}
+
+func (r *Relay) openSnapshot(ctx context.Context, name string) (*snapshot, error) {
+	conn, err := pgx.Connect(ctx, r.cfg.PGDSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect for the initial snapshot: %w", err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("begin the initial snapshot: %w", err)
+	}
+	if name != "" {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", name)); err != nil {
+			conn.Close(ctx)
+			return nil, fmt.Errorf("import snapshot %q: %w", name, err)
+		}
+	}
+	return &snapshot{conn: conn, tx: tx}, nil
+}
+
+// close ends the snapshot's transaction and connection, within a few
+// seconds even when the connection is dead (a read-only transaction has
+// nothing to keep: the server rolls it back when the connection goes).
+func (s *snapshot) close(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = s.tx.Rollback(cctx)
+	_ = s.conn.Close(cctx)
+}
+
+// publishSnapshot publishes every row of the outbox table in the snapshot,
+// in the order snapshotOrder chooses, and waits until Kafka acked them all.
+func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tracker, out chan<- wal.Event, at uint64) error {
+	order, exact, err := r.snapshotOrder(ctx, s.tx)
+	if err != nil {
+		return err
+	}
+	if !exact {
+		r.log.Warn("the initial snapshot orders rows by "+order+": an aggregate's events written by transactions that began in another order than they committed may be published out of order. "+
+			"Add a column filled at insert from a sequence (sql/variants/outbox_snapshot_order.sql) or set track_commit_timestamp = on", "table", r.schema+"."+r.table)
+	}
+	q := fmt.Sprintf("SELECT * FROM %s ORDER BY %s", pgx.Identifier{r.schema, r.table}.Sanitize(), order)
+	// The simple protocol returns every value in text format, as pgoutput
+	// does, so snapshot rows route exactly like streamed ones.
+	rows, err := s.tx.Query(ctx, q, pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return fmt.Errorf("read the initial snapshot of %s.%s: %w", r.schema, r.table, err)
+	}
+	defer rows.Close()
+	fields := rows.FieldDescriptions()
+	txn := tr.Begin(at)
+	n := 0
+	for rows.Next() {
+		raw := rows.RawValues()
+		row := &route.Row{Columns: make([]route.Column, len(fields)), Source: route.Source{CommitLSN: at, Table: r.schema + "." + r.table}}
+		for i, f := range fields {
+			c := &row.Columns[i]
+			// RowDescription carries the column's atttypmod, as pgoutput's
+			// Relation message does.
+			c.Name, c.Type, c.TypeMod, c.HasTypeMod = f.Name, f.DataTypeOID, f.TypeModifier, true
+			if raw[i] == nil {
+				c.Null = true
+			} else {
+				c.Value = append([]byte(nil), raw[i]...)
+			}
+		}
+		txn.Add()
+		select {
+		case out <- wal.Event{Txn: txn, Row: row}:
+		case <-ctx.Done():
+			txn.Abandon()
+			return ctx.Err()
+		}
+		n++
+		if err := r.faults.At(fault.SnapshotRow); err != nil {
+			// The snapshot's transaction is never committed in the
+			// tracker, so nothing of it is ever acked.
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		// Every row counted is handed over by now, and the transaction is
+		// never committed in the tracker, so nothing of it is ever acked
+		// (withdrawing a row here would count one Done too many).
+		return fmt.Errorf("read the initial snapshot of %s.%s: %w", r.schema, r.table, err)
+	}
+	txn.Commit(at)
+	r.metrics.SnapshotEvents.Add(float64(n))
+	for !tr.Idle() {
+		select {
+		case <-tr.Changed():
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	r.log.Info("initial snapshot published", "rows", n, "lsn", wal.FormatLSN(at))
+	return nil
+}
+
+// querySnapshotOrder finds how the snapshot can order the table's rows: an
+// integer column filled at INSERT from a sequence the table owns (an
+// identity or serial column) that hands out values one at a time (CACHE 1:
+// with a larger cache each session takes a range, and a later write may get
+// a smaller value), the first by position; whether commit timestamps are
+// kept; whether the table has created_at.
+const querySnapshotOrder = `
+SELECT coalesce((SELECT a.attname::text FROM pg_attribute a
+                 JOIN pg_sequence q ON q.seqrelid = pg_get_serial_sequence(format('%I.%I', n.nspname, c.relname), a.attname)::regclass
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                   AND a.atttypid IN ('int8'::regtype, 'int4'::regtype)
+                   AND q.seqcache = 1
+                 ORDER BY a.attnum LIMIT 1), ''),
+       current_setting('track_commit_timestamp')::bool,
+       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = 'created_at' AND NOT attisdropped)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`
+
+// snapshotOrder is the ORDER BY of the initial snapshot. The promise to keep
+// is per aggregate: where the application serialises an aggregate's writes
+// (each transaction writing its events after the previous one committed),
+// the aggregate's events come out in the order they were written, across
+// transactions and within one. created_at (now(), the time the transaction
+// began) is not that order: a transaction that began first may commit last.
+// In order of preference:
+//   - a sequence-filled column: its value is taken at INSERT, so a later
+//     write, within a transaction or after another committed, has a larger
+//     one (sequence values are not in commit order across concurrent
+//     transactions, but those are not serialised, and no order is owed);
+//   - with track_commit_timestamp, the commit time of the row's
+//     transaction, then the transaction (rows of two transactions that
+//     committed in the same microsecond are not interleaved), then the
+//     command within it (cmin: each statement has its own), then the
+//     physical position, which orders the rows of one multi-row INSERT only
+//     as far as they were appended (a table whose free space is reused may
+//     place a later row of one statement on an earlier page);
+//   - created_at, then physical position, which is not exact (the caller
+//     warns).
+func (r *Relay) snapshotOrder(ctx context.Context, tx pgx.Tx) (order string, exact bool, err error) {
+	var seq string
+	var commitTS, hasCreated bool
+	if err := tx.QueryRow(ctx, querySnapshotOrder, r.schema, r.table).Scan(&seq, &commitTS, &hasCreated); err != nil {
+		return "", false, fmt.Errorf("inspect %s.%s for the snapshot's order: %w", r.schema, r.table, err)
+	}
+	switch {
+	case seq != "":
+		return pgx.Identifier{seq}.Sanitize(), true, nil
+	case commitTS:
+		// A row whose commit time was not kept (committed before the
+		// setting was turned on) sorts first: it is older.
+		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, xmin::text::bigint, cmin::text::bigint, ctid", true, nil
+	case hasCreated:
+		return "created_at, ctid", false, nil
+	}
+	return "ctid", false, nil
+}

@@ -1,0 +1,337 @@
+package relay
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/relay/metrics"
+	"github.com/pgoutbox/pgoutbox/relay/tracker"
+)
+
+// stallWatch is the liveness clock behind /healthz and
+// outbox_connector_stalled: how long work has been owed (events in flight,
+// or events a stream read and could not deliver before it ended) with no
+// progress (a record acknowledged or dead-lettered, the acked position
+// moving); and how long this instance has held the lease with no session
+// past setup.
+//
+// The tracker counts progress without reading the clock; the watch reads it
+// when it looks, and restarts the clock only when the count moved since its
+// last look, or when work becomes owed after none was. It looks on every
+// state writer tick (OUTBOX_STATUS_INTERVAL) while streaming and whenever
+// /healthz or /metrics asks, so a stall is seen at most one of those
+// intervals late. Looking alone never restarts it: a liveness clock
+// refreshed by a timer instead of by progress never fires.
+//
+// The clock outlives a session. A session that reads events, fails to
+// deliver them and ends (a Kafka transaction that never commits, a record
+// that aborts every transaction, a snapshot that fails at a row) leaves
+// its tracker Dropped; the next session's tracker counts from zero, and the
+// work is still owed (the debt) until that session delivers the dropped
+// transactions or its acked position passes them. Until then progress
+// counts only where the session gets further than any session of the debt
+// did: one that delivers again the records an earlier one delivered
+// (every session starts from the slot's confirmed position, and a snapshot
+// from its first row) is repeating, not progressing. Otherwise a reconnect
+// loop, each session shorter than the stall timeout, would never be a
+// stall. The price: a session that re-delivers, after a failure, more than
+// a stall timeout's worth of records (a large snapshot taken again) is
+// reported stalled until it passes the point the failed one reached.
+//
+// Setup is the time from taking the lease, or from a session's end, to
+// the next session storing its tracker: connecting, fencing the previous
+// leader at Kafka, freeing and checking the slot. No work is owed then,
+// but a leader that cannot get past it (Kafka unreachable, a slot check
+// failing at every try) renews its lease, so no standby takes over, and the
+// WAL grows. A snapshot in progress is past setup: its tracker counts the
+// rows it delivers.
+//
+// Getting past setup is no proof of health once a session that got past it
+// ended without proving itself: sessions that each start streaming and fail
+// before anything moves (a server error decoding a change before any Begin)
+// owe no work and are past setup for a moment each, and with the reconnect
+// backoff capped below the timeout no single wait is one either; the slot
+// stands still while the lease is renewed. A session proves itself by
+// progress past the furthest point of every session since the last one that
+// proved itself (its acked position, or records acked past it, or the work
+// dropped before it delivered), or by living for the stall timeout. Until
+// one does, the setup clock runs on across sessions, from the end of the
+// first session that failed unproven (or from taking the lease), and stops
+// (not restarts) while a session runs: a stall once the clock passes the
+// timeout, and until a session proves itself.
+type stallWatch struct {
+	mu   sync.Mutex
+	tr   *tracker.Tracker // the tracker last looked at
+	seen uint64           // its progress count then
+	// stale: tr belongs to a term this instance lost; what it dropped,
+	// another leader may have delivered since.
+	stale bool
+	// debt: earlier sessions of this term dropped work up to owedTo that
+	// no session has delivered since; reached is the furthest any of them
+	// got.
+	debt    bool
+	owedTo  tracker.LSN
+	reached reach
+	owed    bool      // work was owed at the last look
+	at      time.Time // since when owed work made no progress
+	setup   time.Time // since when holding the lease with no session past setup, or none proven since one failed (zero: not so at the last look)
+
+	// timeout is the stall timeout: a session that lives this long without
+	// ending has proved itself. Zero: getting past setup is proof enough.
+	timeout time.Duration
+	// live is when the current tracker was first seen with its session
+	// running (zero: not seen so); base is its reach then, proven whether
+	// it has proved itself, ended whether its end was counted.
+	live          time.Time
+	base          reach
+	proven, ended bool
+	// failed counts the sessions that got past setup and ended unproven
+	// since the last that proved itself; best is the furthest any of them,
+	// or that one, reached.
+	failed int
+	best   reach
+}
+
+// reach is how far a session got: its acked position, and records acked
+// past it.
+type reach struct {
+	acked tracker.LSN
+	more  int
+}
+
+func (a reach) beyond(b reach) bool {
+	return a.acked > b.acked || a.acked == b.acked && a.more > b.more
+}
+
+// stallState is one look's result.
+type stallState struct {
+	inFlight int
+	owed     bool          // events in flight, or read and not yet delivered
+	waiting  time.Duration // owed with no progress for this long (0 when nothing is owed)
+	setup    time.Duration // holding the lease with no session past setup (or none proven) for this long
+	failed   int           // sessions that got past setup and ended unproven in that time
+}
+
+// look reads t (the current or last session's tracker; nil before the
+// first) at now. holding is false when this instance does not hold the
+// lease: then another instance owes the work, and nothing here is a stall.
+// streaming: a session is streaming the slot.
+func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, now time.Time) stallState {
+	// Positions is read under w.mu: two lookers (a scrape and a health
+	// check) must not apply their readings out of order, or an older count
+	// would look like progress.
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !holding {
+		w.tr, w.seen, w.stale = t, 0, true
+		w.debt, w.owedTo, w.reached, w.owed, w.setup = false, 0, reach{}, false, time.Time{}
+		w.live, w.base, w.proven, w.ended, w.failed, w.best = time.Time{}, reach{}, false, false, 0, reach{}
+		return stallState{}
+	}
+	if t != w.tr {
+		// A new session (or the first): its tracker counts from zero, and
+		// inherits what the last one dropped (and what that one still owed).
+		if w.tr != nil && !w.stale {
+			p := w.tr.Positions()
+			if p.Dropped != 0 {
+				w.debt = true
+				w.owedTo = max(w.owedTo, p.Dropped)
+				if r := (reach{p.Acked, p.DroppedAcked}); r.beyond(w.reached) {
+					w.reached = r
+				}
+			}
+			w.sessionEnded(p, now)
+		}
+		w.tr, w.seen, w.stale = t, 0, t == nil
+		w.live, w.base, w.proven, w.ended = time.Time{}, reach{}, false, false
+	}
+	var s stallState
+	var p tracker.Positions
+	if t != nil {
+		p = t.Positions()
+	}
+	var progressed, delivered bool
+	if t != nil && !w.stale {
+		progressed = p.Progress != w.seen
+		w.seen = p.Progress
+		if w.debt {
+			if p.Acked > w.owedTo || p.LastEvent >= w.owedTo {
+				// Delivered (a transaction with events acked at or past
+				// what was dropped), or passed by a keepalive (it aborted).
+				w.debt, w.owedTo, w.reached = false, 0, reach{}
+				progressed, delivered = true, true
+			} else if !(reach{p.Acked, p.AckedOpen}).beyond(w.reached) {
+				progressed = false // delivering again what an earlier session did
+			}
+		}
+	}
+	// Past setup: a session's tracker is there and its session has not
+	// ended. Not an old term's tracker.
+	if streaming || t != nil && !w.stale && !p.Ended {
+		if w.live.IsZero() {
+			w.live, w.base = now, reach{p.Acked, p.AckedOpen}
+		}
+		if !w.proven && (delivered || now.Sub(w.live) >= w.timeout || (reach{p.Acked, p.AckedOpen}).beyond(w.ref())) {
+			w.proven = true
+		}
+		if !w.setup.IsZero() && (w.failed == 0 || w.proven) {
+			// Past setup with no session failed since the clock started
+			// (setup was what failed), or proven: the clock stops.
+			w.setup = time.Time{}
+		}
+		if !w.setup.IsZero() {
+			// Not proven yet after sessions that failed: the clock stands
+			// still while this one runs.
+			s.setup, s.failed = w.live.Sub(w.setup), w.failed
+		}
+	} else {
+		if t != nil && !w.stale && p.Ended {
+			w.sessionEnded(p, now)
+		}
+		if w.setup.IsZero() {
+			w.setup = now
+		}
+		s.setup, s.failed = now.Sub(w.setup), w.failed
+	}
+	if t == nil || w.stale {
+		w.owed = false
+		return s
+	}
+	owed := p.InFlight > 0 || p.Dropped != 0 || w.debt
+	if progressed || owed && !w.owed {
+		w.at = now
+	}
+	w.owed = owed
+	if owed {
+		s.inFlight, s.owed, s.waiting = p.InFlight, true, now.Sub(w.at)
+	}
+	return s
+}
+
+// ref is the reach a session must pass to prove itself: where it started,
+// and the furthest any session since the last proven one got.
+func (w *stallWatch) ref() reach {
+	if w.best.beyond(w.base) {
+		return w.best
+	}
+	return w.base
+}
+
+// sessionEnded counts the end of the current tracker's session, once, with
+// p its positions after the end. A session never seen running lived less
+// than one look's interval: it proved itself only by getting further than
+// the sessions before it.
+func (w *stallWatch) sessionEnded(p tracker.Positions, now time.Time) {
+	if w.ended {
+		return
+	}
+	w.ended = true
+	r := reach{p.Acked, 0}
+	if p.Dropped != 0 {
+		r.more = p.DroppedAcked
+	}
+	if !w.proven {
+		if w.live.IsZero() {
+			w.proven = w.best != (reach{}) && r.beyond(w.best)
+		} else {
+			w.proven = r.beyond(w.ref())
+		}
+	}
+	if w.proven {
+		// A fresh start: the clock runs from this end, and the next
+		// session past setup stops it.
+		w.setup, w.failed, w.best = now, 0, r
+		return
+	}
+	if w.setup.IsZero() {
+		w.setup = now
+	}
+	w.failed++
+	if r.beyond(w.best) {
+		w.best = r
+	}
+}
+
+// holding reports whether this instance holds the lease (a leader, or a
+// leader still setting up or reconnecting).
+func (r *Relay) holding() bool {
+	l := r.lead.Load()
+	return l != nil && l.term.Valid()
+}
+
+func (r *Relay) lookStall(now time.Time) stallState {
+	return r.stall.look(r.cur.Load(), r.holding(), r.streaming.Load(), now)
+}
+
+func (r *Relay) stalledAt(now time.Time) (bool, string) {
+	return stalled(r.lookStall(now), r.cfg.StallTimeout, r.LastError)
+}
+
+// stalled decides a look: owed work waiting longer than timeout, or the
+// lease held with no session past setup for longer, and why (lastErr is
+// asked only then).
+func stalled(s stallState, timeout time.Duration, lastErr func() string) (bool, string) {
+	if s.owed && s.waiting > timeout {
+		return true, owedReason(s, timeout, lastErr)
+	}
+	if s.setup > timeout {
+		why := fmt.Sprintf("this instance holds the leader lease (so no standby takes over) but no session got past setup (PostgreSQL and the slot, fencing the previous leader at Kafka) for %s (OUTBOX_STALL_TIMEOUT %s)", s.setup.Round(time.Second), timeout)
+		if s.failed > 0 {
+			why = fmt.Sprintf("this instance holds the leader lease (so no standby takes over) but its sessions keep ending with no progress: for %s, %d sessions got past setup and ended with nothing acknowledged or dead-lettered and the acked position unmoved (OUTBOX_STALL_TIMEOUT %s)", s.setup.Round(time.Second), s.failed, timeout)
+		}
+		if e := lastErr(); e != "" {
+			why += "; last error: " + e
+		} else {
+			why += "; no error yet"
+		}
+		return true, why
+	}
+	return false, ""
+}
+
+func owedReason(s stallState, timeout time.Duration, lastErr func() string) string {
+	var why string
+	if s.inFlight > 0 {
+		why = fmt.Sprintf("%d events in flight and none acknowledged or dead-lettered for %s (OUTBOX_STALL_TIMEOUT %s)", s.inFlight, s.waiting.Round(time.Second), timeout)
+	} else {
+		why = fmt.Sprintf("events read before the stream restarted are not delivered, and none was acknowledged or dead-lettered for %s (OUTBOX_STALL_TIMEOUT %s)", s.waiting.Round(time.Second), timeout)
+	}
+	// The last error may say why (a topic that does not exist, which the
+	// producer reports while it waits for it; a reconnect's cause).
+	if e := lastErr(); e != "" {
+		why += "; last error: " + e
+	}
+	return why
+}
+
+// kafkaDialErrors keeps a failed connection to a Kafka broker as the last
+// error. A session waiting for an unreachable broker (InitProducerID waits
+// as long as its context) returns no error of its own, and the stall it
+// causes must say why.
+type kafkaDialErrors struct{ r *Relay }
+
+func (h kafkaDialErrors) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil {
+		msg := fmt.Sprintf("connect to Kafka broker %s: %v", net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port))), err)
+		h.r.lastErr.Store(&msg)
+	}
+}
+
+// stallMetrics registers the stall as metrics, computed at scrape time like
+// /healthz.
+func (r *Relay) stallMetrics(m *metrics.Metrics) {
+	m.GaugeFunc("outbox_connector_stalled", "1 while events are owed (in flight, or read by a stream that ended before delivering them) and none was acknowledged or dead-lettered for longer than OUTBOX_STALL_TIMEOUT, or while this instance has held the lease for longer with no session past setup or with its sessions ending with no progress; /healthz fails then. 0 otherwise.", func() float64 {
+		if stalled, _ := r.stalledAt(time.Now()); stalled {
+			return 1
+		}
+		return 0
+	})
+	m.GaugeFunc("outbox_connector_progress_age_seconds", "How long events have been owed (in flight, or read and not delivered) with none acknowledged or dead-lettered; 0 when nothing is owed.", func() float64 {
+		return r.lookStall(time.Now()).waiting.Seconds()
+	})
+}
