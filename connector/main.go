@@ -19,15 +19,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgoutbox/pgoutbox/relay/config"
-	"github.com/pgoutbox/pgoutbox/relay/metrics"
-	"github.com/pgoutbox/pgoutbox/relay/publish"
 	"github.com/pgoutbox/pgoutbox/connector/redrive"
-	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
+	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/config"
+	"github.com/pgoutbox/pgoutbox/relay/metrics"
+	"github.com/pgoutbox/pgoutbox/relay/publish"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
@@ -45,7 +45,6 @@ func checkEnv(environ []string) error {
 		Prefixes: []string{"OUTBOX_"},
 		Others:   []string{"OUTBOX_ROUTER_"},
 		Known:    config.EnvVars(),
-		NoFile:   route.EnvVars(), // the routing options are read as they are
 	})
 }
 

@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
+	"github.com/pgoutbox/pgoutbox/relay/config"
 )
 
 // preflightTimeout bounds each start-up check: a server that does not

@@ -52,7 +52,6 @@ func checkEnv(environ []string) error {
 	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
 		Prefixes: []string{"OUTBOX_"},
 		Known:    EnvVars(),
-		NoFile:   route.EnvVars(), // the routing options are read as they are
 	})
 }
 
@@ -81,9 +80,9 @@ func (c *config) bind(fs *flag.FlagSet, getenv func(string) string) (*iconfig.Bi
 	c.Log.Bind(b, "OUTBOX")
 	c.Kafka.Bind(b, "outbox-router")
 	c.Route = route.DefaultConfig()
-	err := c.Route.RegisterFlags(fs, getenv)
-	c.envs = append(b.EnvVars(), route.EnvVars()...)
-	return b, err
+	c.Route.Bind(b)
+	c.envs = b.EnvVars()
+	return b, nil
 }
 
 // EnvVars lists every environment variable the binary reads.

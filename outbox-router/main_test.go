@@ -99,7 +99,7 @@ func TestCheckEnv(t *testing.T) {
 		{env: []string{"OUTBOX_KAFKA_SASL_PASSWORD_FILE=/run/secrets/p", "PATH=/bin", "OUTBOX_TEST_KAFKA_BROKERS=x"}},
 		{env: []string{"OUTBOX_KAFKA_BROKER=b:9092"}, want: "did you mean OUTBOX_KAFKA_BROKERS?"},
 		{env: []string{"OUTBOX_ROUTER_INPUT_FORMT=avro"}, want: "did you mean OUTBOX_ROUTER_INPUT_FORMAT?"},
-		{env: []string{"OUTBOX_ROUTE_REGISTRY_PASSWORD_FILE=/p"}, want: "OUTBOX_ROUTE_REGISTRY_PASSWORD_FILE"},
+		{env: []string{"OUTBOX_ROUTE_REGISTRY_PASSWORD_FILE=/run/secrets/registry"}}, // every secret has a _FILE form
 	} {
 		err := checkEnv(tc.env)
 		switch {

@@ -15,9 +15,9 @@ import (
 	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
 
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

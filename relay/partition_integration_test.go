@@ -12,8 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
 // Tests of a partitioned outbox (sql/variants/outbox_partitioned.sql): the

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
 // TestRowFilteredPublicationRefused: an operator adds a row filter to the

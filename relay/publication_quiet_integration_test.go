@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
 // TestPublicationMissingQuietServer (review 3, finding 2): PostgreSQL 18

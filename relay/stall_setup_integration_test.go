@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

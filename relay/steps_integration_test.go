@@ -16,8 +16,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

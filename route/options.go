@@ -2,12 +2,13 @@ package route
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/pgoutbox/pgoutbox/internal/config"
 )
 
 // option is one setting: its Debezium name, our flag and environment
@@ -196,35 +197,32 @@ func (v *flagValue) Set(s string) error { return v.o.set(v.c, s) }
 
 func (v *flagValue) IsBoolFlag() bool { return v.o.boolean }
 
-// RegisterFlags registers one flag per setting on fs, writing into c, and
-// applies the environment first (getenv, usually os.Getenv): a Debezium
-// properties file named by OUTBOX_ROUTE_PROPERTIES, then each OUTBOX_ROUTE_*
-// variable. Flags parsed later override both; -route-properties applies
-// the file when it is parsed, over what was set before it. The error names
-// every environment variable that does not parse.
-func (c *Config) RegisterFlags(fs *flag.FlagSet, getenv func(string) string) error {
-	var errs []error
-	if path := getenv(propertiesEnv); path != "" {
-		if err := c.loadPropertiesFile(path); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", propertiesEnv, err))
-		}
-	}
+// Bind binds every routing setting through b, as each other setting of a
+// binary is bound (a flag, its OUTBOX_ROUTE_* variable, and that
+// variable's _FILE form): first a Debezium properties file named by
+// OUTBOX_ROUTE_PROPERTIES, then each OUTBOX_ROUTE_* variable over it. Flags
+// parsed later override both; -route-properties applies the file when it is
+// parsed, over what was set before it. b.Err names every variable that does
+// not parse.
+func (c *Config) Bind(b *config.Binder) {
+	b.Var(propertiesValue{c}, propertiesFlag, propertiesEnv, "Debezium properties file with EventRouter options (transforms.<name>. prefixes allowed)")
 	for _, o := range options {
-		if v := getenv(o.env); v != "" {
-			if err := o.set(c, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", o.env, err))
-			}
-		}
 		usage := o.usage
 		if o.debezium != "" {
 			usage += " (Debezium: " + o.debezium + ")"
 		}
-		fs.Var(&flagValue{c: c, o: o}, o.flag, usage+"; env "+o.env)
+		if o.secret {
+			usage += " (secret; prefer the environment or " + o.env + "_FILE)"
+		}
+		b.Var(&flagValue{c: c, o: o}, o.flag, o.env, usage)
 	}
-	fs.Func(propertiesFlag, "Debezium properties file with EventRouter options (transforms.<name>. prefixes allowed); env "+propertiesEnv,
-		c.loadPropertiesFile)
-	return errors.Join(errs...)
 }
+
+// propertiesValue loads a properties file into the Config when set.
+type propertiesValue struct{ c *Config }
+
+func (v propertiesValue) String() string     { return "" }
+func (v propertiesValue) Set(s string) error { return v.c.loadPropertiesFile(s) }
 
 func (c *Config) loadPropertiesFile(path string) error {
 	f, err := os.Open(path)

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/pgoutbox/pgoutbox/internal/config"
 )
 
 func TestParsePropertiesConnect(t *testing.T) {
@@ -92,10 +94,18 @@ func TestJavaProperties(t *testing.T) {
 	}
 }
 
-func TestRegisterFlagsEnv(t *testing.T) {
+// TestBindEnv: the routing settings come from a properties file, then the
+// environment over it, then flags over both; a secret comes from its
+// variable's _FILE form too (issue 15: it had none), and a malformed value
+// is named.
+func TestBindEnv(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "router.properties")
 	if err := os.WriteFile(path, []byte("route.by.field=fromfile\ntable.field.event.key=filekey\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(dir, "registry-password")
+	if err := os.WriteFile(secret, []byte("s3cret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env := map[string]string{
@@ -103,23 +113,31 @@ func TestRegisterFlagsEnv(t *testing.T) {
 		"OUTBOX_ROUTE_BY_FIELD":                    "fromenv",
 		"OUTBOX_ROUTE_FIELDS_ADDITIONAL_PLACEMENT": "type:header",
 		"OUTBOX_ROUTE_TRACING":                     "false",
+		"OUTBOX_ROUTE_REGISTRY_PASSWORD_FILE":      secret,
 	}
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	if err := c.RegisterFlags(fs, func(k string) string { return env[k] }); err != nil {
+	b := config.NewBinder(fs, func(k string) string { return env[k] })
+	c.Bind(b)
+	if err := b.Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := fs.Parse([]string{"-route-expand-json-payload", "-route-topic-replacement", "t.${routedByValue}"}); err != nil {
 		t.Fatal(err)
 	}
 	if c.RouteByField != "fromenv" || c.FieldEventKey != "filekey" || c.Tracing || !c.ExpandJSONPayload ||
-		c.TopicReplacement != "t.${routedByValue}" || len(c.AdditionalFields) != 1 {
+		c.TopicReplacement != "t.${routedByValue}" || len(c.AdditionalFields) != 1 || c.RegistryPassword != "s3cret" {
 		t.Fatalf("%+v", c)
 	}
+	if got := fs.Lookup("route-registry-password").Value.String(); got != "" {
+		t.Errorf("the password's flag prints %q as its default; want nothing", got)
+	}
 	bad := DefaultConfig()
-	if err := bad.RegisterFlags(flag.NewFlagSet("y", flag.ContinueOnError), func(k string) string {
+	bb := config.NewBinder(flag.NewFlagSet("y", flag.ContinueOnError), func(k string) string {
 		return map[string]string{"OUTBOX_ROUTE_OP_INVALID_BEHAVIOR": "never"}[k]
-	}); err == nil || !strings.Contains(err.Error(), "OUTBOX_ROUTE_OP_INVALID_BEHAVIOR") {
+	})
+	bad.Bind(bb)
+	if err := bb.Err(); err == nil || !strings.Contains(err.Error(), "OUTBOX_ROUTE_OP_INVALID_BEHAVIOR") {
 		t.Fatalf("bad env: %v", err)
 	}
 }

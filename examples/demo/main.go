@@ -28,10 +28,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/internal/localenv"
+	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
-	"github.com/pgoutbox/pgoutbox/relay"
-	"github.com/pgoutbox/pgoutbox/internal/localenv"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

@@ -9,8 +9,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	swconfig "github.com/pgoutbox/pgoutbox/slotwatch/config"
 )
 

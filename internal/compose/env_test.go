@@ -9,10 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/route"
+	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	swconfig "github.com/pgoutbox/pgoutbox/slotwatch/config"
 )
 
@@ -42,7 +41,7 @@ func TestToolingVariablesAccepted(t *testing.T) {
 	if len(found) == 0 {
 		t.Fatal("no OUTBOX_* or SLOTWATCH_* name found: the scan looks in the wrong place")
 	}
-	connector := iconfig.EnvRule{Prefixes: []string{"OUTBOX_"}, Others: []string{"OUTBOX_ROUTER_"}, Known: connconfig.EnvVars(), NoFile: route.EnvVars()}
+	connector := iconfig.EnvRule{Prefixes: []string{"OUTBOX_"}, Others: []string{"OUTBOX_ROUTER_"}, Known: connconfig.EnvVars()}
 	slotwatch := iconfig.EnvRule{Prefixes: []string{"SLOTWATCH_"}, Known: swconfig.EnvVars()}
 	names := make([]string, 0, len(found))
 	for n := range found {

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	connconfig "github.com/pgoutbox/pgoutbox/relay/config"
 	swconfig "github.com/pgoutbox/pgoutbox/slotwatch/config"
 )
 

@@ -81,6 +81,18 @@ func (b *Binder) Secret(p *string, flagName, env, help string) {
 	})
 }
 
+// Var binds a setting of a type of its own: v parses the environment's value
+// (or the file NAME_FILE names) first, a malformed one reported by Err, then
+// the flag's. A secret's v must not print it (its String is -help's default).
+func (b *Binder) Var(v flag.Value, flagName, env, help string) {
+	if s, ok := b.env(env); ok {
+		if err := v.Set(s); err != nil {
+			b.errs = append(b.errs, fmt.Errorf("%s: %w", env, err))
+		}
+	}
+	b.fs.Var(v, flagName, usage(help, env))
+}
+
 // Duration binds a duration setting (Go syntax: 10s, 1m30s).
 func (b *Binder) Duration(p *time.Duration, flagName, env string, def time.Duration, help string) {
 	if v, ok := b.env(env); ok {
@@ -156,12 +168,9 @@ type EnvRule struct {
 	// Others are namespaces inside Prefixes that another binary owns and
 	// checks (OUTBOX_ROUTER_ for the connector), left to it.
 	Others []string
-	// Known are the settings the binary reads; NAME_FILE of each is known
-	// too (the secret-file form), except for those in NoFile.
+	// Known are the settings the binary reads (through a Binder); NAME_FILE
+	// of each is known too (the secret-file form).
 	Known []string
-	// NoFile are the Known settings read without a _FILE form (not bound
-	// through a Binder): NAME_FILE of one would be silently ignored.
-	NoFile []string
 }
 
 // CheckUnknownEnv refuses every variable of environ ("NAME=value") that is
@@ -172,15 +181,9 @@ type EnvRule struct {
 // setting when one is close enough to be the likely intent.
 func CheckUnknownEnv(environ []string, rule EnvRule) error {
 	set := make(map[string]bool, len(rule.Known)*2)
-	noFile := make(map[string]bool, len(rule.NoFile))
-	for _, k := range rule.NoFile {
-		noFile[k] = true
-	}
 	for _, k := range rule.Known {
 		set[k] = true
-		if !noFile[k] {
-			set[k+"_FILE"] = true
-		}
+		set[k+"_FILE"] = true
 	}
 	var errs []error
 	seen := map[string]bool{}
@@ -190,12 +193,8 @@ func CheckUnknownEnv(environ []string, rule EnvRule) error {
 			continue
 		}
 		seen[name] = true
-		if base, ok := strings.CutSuffix(name, "_FILE"); ok && noFile[base] {
-			errs = append(errs, fmt.Errorf("%s: %s has no _FILE form; set %s itself", name, base, base))
-			continue
-		}
 		msg := name + ": unknown setting"
-		if s := closest(name, rule.Known); s != "" && !(noFile[strings.TrimSuffix(s, "_FILE")] && strings.HasSuffix(s, "_FILE")) {
+		if s := closest(name, rule.Known); s != "" {
 			msg += "; did you mean " + s + "?"
 		}
 		errs = append(errs, errors.New(msg+" (-help lists the settings; unset it to start)"))

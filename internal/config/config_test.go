@@ -10,7 +10,6 @@ func TestCheckUnknownEnv(t *testing.T) {
 		Prefixes: []string{"OUTBOX_"},
 		Others:   []string{"OUTBOX_ROUTER_"},
 		Known:    []string{"OUTBOX_KAFKA_BROKERS", "OUTBOX_KAFKA_SASL_PASSWORD", "OUTBOX_PG_DSN", "OUTBOX_SLOT", "OUTBOX_HTTP_ADDR", "OUTBOX_HTTP_WEB_CONFIG", "OUTBOX_ROUTE_REGISTRY_PASSWORD"},
-		NoFile:   []string{"OUTBOX_ROUTE_REGISTRY_PASSWORD"},
 	}
 	for _, tc := range []struct {
 		name    string
@@ -27,8 +26,7 @@ func TestCheckUnknownEnv(t *testing.T) {
 			[]string{"OUTBOX_KAFKA_SASL_PASWORD_FILE: unknown setting; did you mean OUTBOX_KAFKA_SASL_PASSWORD_FILE? (-help lists the settings; unset it to start)"}},
 		{"empty value still refused", []string{"OUTBOX_SLOTS="},
 			[]string{"OUTBOX_SLOTS: unknown setting; did you mean OUTBOX_SLOT? (-help lists the settings; unset it to start)"}},
-		{"a setting without a file form", []string{"OUTBOX_ROUTE_REGISTRY_PASSWORD=x", "OUTBOX_ROUTE_REGISTRY_PASSWORD_FILE=/x"},
-			[]string{"OUTBOX_ROUTE_REGISTRY_PASSWORD_FILE: OUTBOX_ROUTE_REGISTRY_PASSWORD has no _FILE form; set OUTBOX_ROUTE_REGISTRY_PASSWORD itself"}},
+		{"every setting has a file form", []string{"OUTBOX_ROUTE_REGISTRY_PASSWORD_FILE=/x", "OUTBOX_SLOT_FILE=/y"}, nil},
 		{"nothing close", []string{"OUTBOX_COLOUR=blue"},
 			[]string{"OUTBOX_COLOUR: unknown setting (-help lists the settings; unset it to start)"}},
 		{"a tooling look-alike is not tooling", []string{"OUTBOX_TESTING=1"},

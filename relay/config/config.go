@@ -102,8 +102,7 @@ type Config struct {
 	// TopicConfigs for created topics, k=v,k=v (OUTBOX_TOPIC_CONFIGS).
 	TopicConfigs string
 
-	envs     []string
-	routeErr error
+	envs []string
 }
 
 // Bind registers every setting on fs with getenv supplying defaults.
@@ -136,8 +135,8 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Int(&c.TopicReplicationFactor, "topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the broker's default)")
 	b.String(&c.TopicConfigs, "topic-configs", "OUTBOX_TOPIC_CONFIGS", "", "configs of created topics, k=v,k=v")
 	c.Route = route.DefaultConfig()
-	c.routeErr = c.Route.RegisterFlags(fs, getenv)
-	c.envs = append(b.EnvVars(), route.EnvVars()...)
+	c.Route.Bind(b)
+	c.envs = b.EnvVars()
 	return b
 }
 
@@ -154,9 +153,6 @@ var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // Validate checks the settings and says how to fix what is wrong.
 func (c *Config) Validate() error {
 	var errs []error
-	if c.routeErr != nil {
-		errs = append(errs, c.routeErr)
-	}
 	if c.PGDSN == "" {
 		errs = append(errs, errors.New("OUTBOX_PG_DSN: missing; set it to postgres://user@host:5432/db"))
 	} else if _, err := pgconn.ParseConfig(c.PGDSN); err != nil {

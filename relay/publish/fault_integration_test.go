@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

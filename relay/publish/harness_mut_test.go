@@ -14,10 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

@@ -12,9 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
 // TestTopicLimitBelowOurs: a topic that accepts smaller batches than

@@ -19,8 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
-	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

@@ -12,11 +12,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 

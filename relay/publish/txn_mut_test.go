@@ -12,9 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	faultstep "github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
