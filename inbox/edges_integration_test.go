@@ -127,12 +127,13 @@ func TestUnsendableDeadLetterStopsTheMember(t *testing.T) {
 	}
 }
 
-// TestPollIsBounded (issue 14 defect 7): the consumer takes at most
-// MaxPollRecords (default 500) per poll and commits what its partitions'
-// workers marked every second, so the group's committed offset moves while a
-// backlog is worked off, instead of jumping once at the end of an unbounded
-// fetch (during which rebalances were blocked).
-func TestPollIsBounded(t *testing.T) {
+// TestCommitMovesDuringBacklog (issue 14 defect 7): the consumer commits
+// what its partitions' workers marked every second, so the group's committed
+// offset moves while a backlog is worked off, instead of jumping once at the
+// end of an unbounded fetch (during which rebalances were blocked). That the
+// poll and the queues are bounded, TestRevokedPausedPartitionIsFetchedAgain
+// shows (a queue of MaxPollRecords pauses its partition).
+func TestCommitMovesDuringBacklog(t *testing.T) {
 	e := setup(t)
 	const n = 1200 // seconds of work: at least two commits on the way
 	recs := make([]*kgo.Record, n)
@@ -177,4 +178,21 @@ func TestPollIsBounded(t *testing.T) {
 			committed, n, n, between)
 	}
 	t.Logf("committed offsets seen on the way: %d distinct values", len(between))
+}
+
+// TestDisableAutoCommitRefused: with kgo.DisableAutoCommit in KafkaOpts the
+// Consumer would commit what it processed only on a revoke; New refuses it
+// (franz-go does: it cannot be set beside kgo.AutoCommitMarks).
+func TestDisableAutoCommitRefused(t *testing.T) {
+	e := setup(t)
+	cfg := e.quiet()
+	cfg.KafkaOpts = []kgo.Opt{kgo.DisableAutoCommit()}
+	c, err := inbox.New(e.pool, effectHandler, cfg)
+	if err == nil {
+		c.Client().Close()
+		t.Fatal("New accepted kgo.DisableAutoCommit")
+	}
+	if !strings.Contains(err.Error(), "disable autocommitting") {
+		t.Errorf("error %q does not say what is refused", err)
+	}
 }

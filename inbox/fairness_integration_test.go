@@ -75,11 +75,31 @@ func TestPartitionsDoNotWaitForEachOther(t *testing.T) {
 // paused (its worker's queue is full) when it is revoked is fetched again
 // when it is assigned back. franz-go keeps a pause across rebalances: a
 // member that did not resume its revoked partitions would never fetch one
-// again, a wedge no error shows. Member A works through a backlog on every
-// partition (each paused in turn), member B joins and takes some, B leaves
-// and A gets them back: every event is applied, once.
+// again, a wedge no error shows (without the resume this test timed out).
+// Member A works through a backlog on every partition (each paused in
+// turn), member B joins and takes some, B leaves and A gets them back:
+// every event is applied once, and each partition's records in offset
+// order (a partition handled by two workers at once would interleave).
+// With the default (cooperative) balancer and an eager one, which revokes
+// every partition at each rebalance.
 func TestRevokedPausedPartitionIsFetchedAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []kgo.Opt
+	}{
+		{"cooperative", nil},
+		{"eager", []kgo.Opt{kgo.Balancers(kgo.RoundRobinBalancer())}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { revokedPaused(t, tc.opts) })
+	}
+}
+
+func revokedPaused(t *testing.T, opts []kgo.Opt) {
 	e := setup(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE applied (n bigserial PRIMARY KEY, p int NOT NULL, off bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
 	const n = 1800
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
@@ -89,10 +109,14 @@ func TestRevokedPausedPartitionIsFetchedAgain(t *testing.T) {
 	e.produce(t, recs...)
 	slow := func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
 		time.Sleep(5 * time.Millisecond)
+		if _, err := tx.Exec(ctx, `INSERT INTO applied (p, off) VALUES ($1, $2)`, r.Partition, r.Offset); err != nil {
+			return err
+		}
 		return effectHandler(ctx, tx, r)
 	}
 	cfg := e.quiet()
 	cfg.MaxPollRecords = 20 // a queue of 20 pauses its partition
+	cfg.KafkaOpts = opts
 	a, err := inbox.New(e.pool, slow, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +124,9 @@ func TestRevokedPausedPartitionIsFetchedAgain(t *testing.T) {
 	stopA := run(t, a)
 	defer stopA()
 	done := func() int { return count(t, e.pool, `SELECT count(DISTINCT event_id) FROM effects`) }
-	waitFor(t, "member A under way", 30*time.Second, func() bool { return done() >= 100 })
+	waitFor(t, "member A under way, with a partition paused", 30*time.Second, func() bool {
+		return done() >= 100 && len(a.Client().PauseFetchPartitions(nil)) > 0
+	})
 	b, err := inbox.New(e.pool, slow, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +141,12 @@ func TestRevokedPausedPartitionIsFetchedAgain(t *testing.T) {
 	waitFor(t, "every event applied after B left", 60*time.Second, func() bool { return done() == n })
 	if rows := count(t, e.pool, `SELECT count(*) FROM effects`); rows != n {
 		t.Errorf("%d effect rows for %d events: some applied twice", rows, n)
+	}
+	// In commit order (n is taken at insert, and one partition's records
+	// commit one after another), each partition's offsets only increase.
+	if back := count(t, e.pool, `SELECT count(*) FROM (
+		SELECT off < lag(off) OVER (PARTITION BY p ORDER BY n) AS back FROM applied) x WHERE back`); back > 0 {
+		t.Errorf("%d records applied before an earlier record of their partition", back)
 	}
 	t.Logf("A processed %d, B %d; %d events left when B left", a.Stats().Processed, b.Stats().Processed, left)
 }

@@ -49,9 +49,10 @@ const (
 	faultMaxBackoff  = 5 * time.Second // the inbox's cap
 	faultKills       = 3
 	// Each event's handler works this long (a call to another service), so
-	// that the work outlasts the kills: 10,000 events over 6 partitions take
-	// about 17 s of handler time per partition.
-	faultWork = 10 * time.Millisecond
+	// that the work outlasts the three faults (the last at about 26 s):
+	// 10,000 events over 6 partitions take 20 s of handler time per
+	// partition, and each fault stalls some for 6 s or more.
+	faultWork = 12 * time.Millisecond
 	// After a member's death is noticed the group rebalances (cooperative:
 	// two rounds, the second for what moved), and the new owner fetches.
 	// A rebalance waits for the attempts in flight of the partitions that
@@ -63,6 +64,12 @@ const (
 	// another (a member working poll by poll: 11.4 s, see
 	// TestPartitionsDoNotWaitForEachOther); the stalls are logged.
 	faultRebalance = 3 * time.Second
+	// How long the third fault freezes a member: past the session timeout,
+	// so that the group moves its partitions while it holds a transaction.
+	// Its locks hold the new owner's inserts of the same ids until it thaws
+	// and rolls back (lock_timeout, retried with backoff): that partition's
+	// stall is the freeze plus a backoff step.
+	faultFreeze = faultSession + time.Second
 	// One kill at a time, each after the group settled from the last, so
 	// that each stall has one cause: a dead member is noticed after the
 	// session timeout, then the group rebalances.
@@ -229,8 +236,9 @@ func startMember(env []string) (*member, error) {
 // over 6 partitions while its handler returns transient database errors
 // (more of them per event than MaxAttempts), record errors (a business
 // error, a data error, a swallowed failed statement) and panics, and while
-// members are killed with SIGKILL or stopped with SIGTERM and replaced, each
-// a rebalance. Afterwards:
+// members are killed with SIGKILL or stopped with SIGTERM and replaced, or
+// frozen (SIGSTOP) past the session timeout and thawed, each a rebalance.
+// Afterwards:
 //
 //   - every event whose handler can succeed is applied exactly once (effects,
 //     without a unique constraint, holds one row per such id);
@@ -338,11 +346,26 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 			mu.Lock()
 			i := rand.IntN(len(members))
 			m := members[i]
+			at := time.Since(start).Round(100 * time.Millisecond)
+			if kills%3 == 2 {
+				// Frozen past the session timeout (a GC pause, a stalled
+				// VM): the group loses it and moves its partitions while
+				// its transaction in flight still holds its locks; thawed,
+				// it finds its partitions lost (OnPartitionsLost) and joins
+				// again. Not replaced.
+				killLog = append(killLog, fmt.Sprintf("%s SIGSTOP for %s", at, faultFreeze))
+				_ = m.cmd.Process.Signal(syscall.SIGSTOP)
+				time.Sleep(faultFreeze)
+				_ = m.cmd.Process.Signal(syscall.SIGCONT)
+				kills++
+				mu.Unlock()
+				continue
+			}
 			sig := syscall.SIGKILL
-			if kills%2 == 1 {
+			if kills%3 == 1 {
 				sig = syscall.SIGTERM
 			}
-			killLog = append(killLog, fmt.Sprintf("%s %s", time.Since(start).Round(100*time.Millisecond), map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}[sig]))
+			killLog = append(killLog, fmt.Sprintf("%s %s", at, map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}[sig]))
 			_ = m.cmd.Process.Signal(sig)
 			if err := <-m.done; err != nil && sig == syscall.SIGTERM {
 				t.Errorf("member stopped with SIGTERM: %v", err)
@@ -372,8 +395,8 @@ func TestInboxGroupUnderFaults(t *testing.T) {
 	}
 	took := time.Since(start)
 	<-killsDone
-	if kills < 2 {
-		t.Errorf("only %d member kills/stops happened before the work was done; the test wants at least 2", kills)
+	if kills < faultKills {
+		t.Errorf("only %d member kills/stops/freezes happened before the work was done; the test wants %d (one of each)", kills, faultKills)
 	}
 
 	// Exactly once, and only what can be applied.

@@ -64,8 +64,9 @@
 // Config.Window.
 //
 // Records of one partition are handled in order, one at a time; each
-// assigned partition has a goroutine of its own, so a partition never waits
-// for another's records (a slow handler, a retry, a backlog).
+// assigned partition has a goroutine of its own, so a partition does not
+// wait for another's records (a slow handler, a retry, a backlog), except
+// during a rebalance (see Config.MaxPollRecords).
 package inbox
 
 import (
@@ -103,9 +104,11 @@ type Config struct {
 	// Topics to consume (e.g. "outbox.event.Order").
 	Topics []string
 	// KafkaOpts are extra franz-go options (TLS, SASL, logging, start
-	// offset, kgo.FetchMaxPartitionBytes). The Consumer sets the group,
-	// topics, manual commits, rebalance blocking and the rebalance
-	// callbacks (OnPartitionsRevoked, OnPartitionsLost) itself.
+	// offset, kgo.FetchMaxPartitionBytes, a balancer). The Consumer sets
+	// the group, topics, commits of what it marked, rebalance blocking and
+	// the rebalance callbacks (OnPartitionsRevoked, OnPartitionsLost, which
+	// replace any given here) itself; franz-go refuses kgo.DisableAutoCommit
+	// beside its marks.
 	KafkaOpts []kgo.Opt
 	// Table is the processed-events table (default "public.inbox";
 	// EnsureSchema creates it).
@@ -134,11 +137,15 @@ type Config struct {
 	// MaxPollRecords bounds the records taken per poll and the records
 	// queued per partition (default 500). Each assigned partition has a
 	// worker that handles its records in order, one at a time; a
-	// partition's fetching pauses while its queue holds MaxPollRecords
-	// records (or 1 MiB), and resumes when it is down to half. A rebalance
-	// waits for the attempts in flight of the partitions it moves (each
-	// bounded by TxTimeout), not for queued records, which go to the next
-	// owner.
+	// partition's fetching pauses once its queue holds MaxPollRecords
+	// records or 1 MiB (the poll that fills it may add up to one poll's
+	// more), and resumes when it is down to half. A rebalance waits for
+	// the partitions it moves: for an attempt in flight (TxTimeout; a
+	// handler that ignores its ctx, longer) or a dead letter being sent
+	// (up to 30 s) and marked (TxTimeout), not for queued records, which go
+	// to the next owner. Meanwhile no partition of the member is handed
+	// new records; with an eager balancer (kgo.Balancers in KafkaOpts)
+	// every rebalance moves every partition and empties every queue.
 	MaxPollRecords int
 	// Retention is how long processed ids are kept (default
 	// DefaultRetention, 20 days): longer than the duplicate window (see
@@ -338,25 +345,37 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Debug("could not create the DLQ topic; it may exist or be auto-created", "topic", c.cfg.DLQTopic, "err", err)
 	}
 	wctx, stopWork := context.WithCancel(ctx)
-	defer stopWork()
-	var failOnce sync.Once
+	var failMu sync.Mutex
 	var failed error
-	c.work.Store(&workers{c: c, ctx: wctx, m: map[tp]*worker{}, fail: func(err error) {
-		failOnce.Do(func() { failed = err; stopWork() })
-	}})
+	ws := &workers{c: c, ctx: wctx, m: map[tp]*worker{}, fail: func(err error) {
+		failMu.Lock()
+		defer failMu.Unlock()
+		if failed == nil {
+			failed = err
+		}
+		stopWork()
+	}}
+	c.work.Store(ws)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); c.cleanupLoop(wctx) }()
 	defer wg.Wait()
+	defer stopWork() // before the Wait: also when Run ends by a panic
 	for {
 		// Handing records out is quick (each partition's worker handles
 		// them), so a rebalance waits for it only (BlockRebalanceOnPoll),
 		// and then for the attempts in flight of the partitions it takes.
 		fs := c.cl.PollRecords(wctx, c.cfg.MaxPollRecords)
 		if wctx.Err() != nil {
+			// Rebalances wait until the workers are done and what they
+			// marked is committed: a revoke meanwhile would find no worker
+			// to wait for and let another member take a partition whose
+			// attempt is still in flight here.
+			ws.stopAll() // ctx is done: attempts in flight end at once
+			c.commit(context.Background(), c.cl)
 			c.cl.AllowRebalance()
-			c.works().stop(nil) // ctx is done: attempts in flight end at once
-			c.commit(context.Background())
+			failMu.Lock()
+			defer failMu.Unlock()
 			if failed != nil {
 				c.log.Error("inbox member stopping", "err", failed)
 			}
@@ -365,7 +384,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		fs.EachError(func(topic string, p int32, err error) {
 			c.log.Warn("fetch failed; retrying", "topic", topic, "partition", p, "err", err)
 		})
-		ws := c.works()
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) > 0 {
 				ws.push(p)
@@ -380,11 +398,11 @@ func (c *Consumer) works() *workers { return c.work.Load() }
 // revoked stops the revoked partitions' workers and commits what they
 // marked, before the partitions go to another member (franz-go calls it,
 // as onRevoked, once polls are allowed to rebalance).
-func (c *Consumer) revoked(ctx context.Context, _ *kgo.Client, parts map[string][]int32) {
+func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, parts map[string][]int32) {
 	if ws := c.works(); ws != nil {
 		ws.stop(parts)
 	}
-	c.commit(ctx)
+	c.commit(ctx, cl) // cl: c.cl may not be set yet (the group joins in kgo.NewClient)
 }
 
 // lost stops the lost partitions' workers (the member is out of the group:
@@ -399,11 +417,11 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, parts map[string][]int
 // unreachable. Giving up is safe: the offsets stay marked and go with the
 // next commit (or the one on revoke or close); records redelivered meanwhile
 // are found in the table and skipped.
-func (c *Consumer) commit(ctx context.Context) {
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client) {
 	backoff := c.cfg.RetryBackoff
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := c.cl.CommitMarkedOffsets(cctx)
+		err := cl.CommitMarkedOffsets(cctx)
 		cancel()
 		if err == nil || ctx.Err() != nil {
 			return

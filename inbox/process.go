@@ -323,8 +323,10 @@ func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kg
 	}
 	backoff := c.cfg.RetryBackoff
 	for refusals := 0; ; {
-		if ctx.Err() != nil {
-			return ctx.Err()
+		// A revoke waits for a try in flight, not for the next: the
+		// record is left to the next owner, which dead-letters it again.
+		if err := ended(ctx, stop); err != nil {
+			return err
 		}
 		// A fresh record each try: franz-go sets Record.Context to the
 		// first Produce's ctx, cancelled once that try returned, and a
@@ -371,10 +373,6 @@ func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kg
 		} else {
 			c.log.Warn("dead-letter produce failed; retrying", "id", l.id, "topic", c.cfg.DLQTopic, "err", err)
 		}
-		// A revoke waits for the first try, not for the retries.
-		if err := ended(ctx, stop); err != nil {
-			return err
-		}
 		sleepOr(ctx, stop, jitter(backoff))
 		backoff = min(backoff*2, 5*time.Second)
 	}
@@ -389,7 +387,10 @@ func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kg
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		_, err := c.db.Exec(ctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, l.id, rec.Topic, rec.Partition, rec.Offset, "dead-lettered", l.hash)
+		// A deadline, as every attempt has: a revoke may be waiting.
+		mctx, cancel := context.WithTimeout(ctx, c.cfg.TxTimeout)
+		_, err := c.db.Exec(mctx, fmt.Sprintf(insertSQL, c.table), c.cfg.Group, l.id, rec.Topic, rec.Partition, rec.Offset, "dead-lettered", l.hash)
+		cancel()
 		if err == nil {
 			return nil
 		}

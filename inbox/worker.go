@@ -37,7 +37,8 @@ type tp struct {
 
 func (p tp) m() map[string][]int32 { return map[string][]int32{p.topic: {p.partition}} }
 
-// maxQueuedBytes bounds a partition's queue in bytes of keys and values, as
+// maxQueuedBytes bounds a partition's queue in bytes of keys, values and
+// headers, as
 // maxQueued (Config.MaxPollRecords) bounds it in records: about one fetch of
 // a partition at franz-go's default (max.partition.fetch.bytes, 1 MiB).
 const maxQueuedBytes = 1 << 20
@@ -60,7 +61,13 @@ type worker struct {
 	paused bool
 }
 
-func recordBytes(r *kgo.Record) int { return len(r.Key) + len(r.Value) }
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
 
 // push queues records of the partition, pausing its fetching when the queue
 // is full.
@@ -159,27 +166,35 @@ func (ws *workers) push(p kgo.FetchTopicPartition) {
 	w.push(p.Records)
 }
 
-// stop stops the workers of parts (all of them when parts is nil), waits
-// for them, and resumes the partitions' fetching: franz-go keeps a pause
-// across rebalances, and a partition assigned back later would never be
-// fetched.
+// stop stops the workers of parts (none when parts is empty), waits for
+// them, and resumes the partitions' fetching: franz-go keeps a pause across
+// rebalances, and a partition assigned back later would never be fetched.
+// Called by the rebalance callbacks, which never overlap each other, the
+// poll loop's hand-out or Run's end.
 func (ws *workers) stop(parts map[string][]int32) {
+	if len(parts) == 0 {
+		return
+	}
+	ws.halt(func(k tp) bool { return has(parts, k) })
+	ws.c.cl.ResumeFetchPartitions(parts)
+}
+
+// stopAll stops every worker and waits for them (Run's end).
+func (ws *workers) stopAll() { ws.halt(func(tp) bool { return true }) }
+
+func (ws *workers) halt(match func(tp) bool) {
 	ws.mu.Lock()
 	var stopped []*worker
 	for k, w := range ws.m {
-		if parts != nil && !has(parts, k) {
-			continue
+		if match(k) {
+			close(w.stop)
+			delete(ws.m, k)
+			stopped = append(stopped, w)
 		}
-		close(w.stop)
-		delete(ws.m, k)
-		stopped = append(stopped, w)
 	}
 	ws.mu.Unlock()
 	for _, w := range stopped {
 		<-w.done
-	}
-	if len(parts) > 0 {
-		ws.c.cl.ResumeFetchPartitions(parts)
 	}
 }
 
