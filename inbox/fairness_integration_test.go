@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,8 +79,9 @@ func TestPartitionsDoNotWaitForEachOther(t *testing.T) {
 // again, a wedge no error shows (without the resume this test timed out).
 // Member A works through a backlog on every partition (each paused in
 // turn), member B joins and takes some, B leaves and A gets them back:
-// every event is applied once, and each partition's records in offset
-// order (a partition handled by two workers at once would interleave).
+// every event is applied once, each partition's records in offset order,
+// and no partition's handler runs twice at once (two workers on one
+// partition, which the dedupe table would hide).
 // With the default (cooperative) balancer and an eager one, which revokes
 // every partition at each rebalance.
 func TestRevokedPausedPartitionIsFetchedAgain(t *testing.T) {
@@ -107,7 +109,17 @@ func revokedPaused(t *testing.T, opts []kgo.Opt) {
 		recs[i].Key = []byte(fmt.Sprintf("agg-%d", i%30))
 	}
 	e.produce(t, recs...)
+	// Both members run in this process: a partition handled by two workers
+	// at once shows as two handlers of it running at the same time.
+	var mu sync.Mutex
+	running, overlaps := map[int32]int{}, 0
 	slow := func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
+		mu.Lock()
+		if running[r.Partition]++; running[r.Partition] > 1 {
+			overlaps++
+		}
+		mu.Unlock()
+		defer func() { mu.Lock(); running[r.Partition]--; mu.Unlock() }()
 		time.Sleep(5 * time.Millisecond)
 		if _, err := tx.Exec(ctx, `INSERT INTO applied (p, off) VALUES ($1, $2)`, r.Partition, r.Offset); err != nil {
 			return err
@@ -148,5 +160,10 @@ func revokedPaused(t *testing.T, opts []kgo.Opt) {
 		SELECT off < lag(off) OVER (PARTITION BY p ORDER BY n) AS back FROM applied) x WHERE back`); back > 0 {
 		t.Errorf("%d records applied before an earlier record of their partition", back)
 	}
+	mu.Lock()
+	if overlaps > 0 {
+		t.Errorf("a partition's handler ran twice at the same time %d times (two workers on one partition)", overlaps)
+	}
+	mu.Unlock()
 	t.Logf("A processed %d, B %d; %d events left when B left", a.Stats().Processed, b.Stats().Processed, left)
 }

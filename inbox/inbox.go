@@ -341,6 +341,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer c.metrics.retire(c) // last: once nothing counts any more
 	}
 	defer c.cl.Close() // leaves the group: onRevoked, then the client ends
+	// Before Close, also after a panic between a poll and its
+	// AllowRebalance: Close's leave waits for it (a second call is a no-op).
+	defer c.cl.AllowRebalance()
 	if err := c.ensureDLQTopic(ctx); err != nil {
 		c.log.Debug("could not create the DLQ topic; it may exist or be auto-created", "topic", c.cfg.DLQTopic, "err", err)
 	}

@@ -345,6 +345,9 @@ func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kg
 		// One that cannot be created is refused for good like the rest.
 		missing := false
 		if topicMissing(err) {
+			if err := ended(ctx, stop); err != nil {
+				return err // a revoke does not wait for the topic's creation
+			}
 			cerr := c.ensureDLQTopic(ctx)
 			if cerr == nil {
 				c.log.Warn("the DLQ topic was missing; created it (or it exists by now)", "topic", c.cfg.DLQTopic)

@@ -131,7 +131,8 @@ func (w *worker) run(ctx context.Context, fail func(error)) {
 			continue
 		}
 		if err := w.c.handle(ctx, w.stop, r); err != nil {
-			if !errors.Is(err, errStopped) && ctx.Err() == nil {
+			// A refused dead letter is said even when Run is stopping.
+			if errors.Is(err, ErrDeadLetterRefused) || !errors.Is(err, errStopped) && ctx.Err() == nil {
 				fail(err)
 			}
 			return
