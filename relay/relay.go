@@ -29,6 +29,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kprom"
 	"github.com/twmb/franz-go/plugin/kslog"
 
+	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
 	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
@@ -388,7 +389,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	if created {
 		r.log.Info("created publication", "publication", r.cfg.Publication, "table", r.schema+"."+r.table)
 	}
-	if err := wal.EnsureStateTable(setupCtx, conn); err != nil {
+	if err := checkpoint.EnsureStateTable(setupCtx, conn); err != nil {
 		return err
 	}
 	sys, err := pglogrepl.IdentifySystem(setupCtx, rconn)
@@ -474,13 +475,12 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		prodErr = prod.Run(hardCtx, events, cancelStream)
 	}()
 
-	sw := &stateWriter{conn: conn, st: st, tracker: tr, term: t, log: r.log, faults: r.faults, onAck: func(lsn uint64) {
+	sw := checkpoint.NewWriter(conn, st, tr, t, r.faults, func(lsn uint64) {
 		r.confirmed.Store(lsn)
 		// Every tick, moved or not: the stall clock restarts only if the
 		// tracker counted progress since the last look.
 		r.lookStall(time.Now())
-	}}
-	sw.durable.Store(st.Confirmed)
+	})
 	r.confirmed.Store(min(st.Confirmed, start))
 
 	var streamErr error
@@ -492,9 +492,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		if streamErr == nil {
 			// Recorded only once every snapshot row is acked: a crash before
 			// this point takes the snapshot again at the next start.
-			st.SnapshotDone = true
-			sw.st.SnapshotDone = true
-			streamErr = lost(wal.SaveState(streamCtx, conn, st, wal.Fence{Token: t.Token}))
+			streamErr = sw.SnapshotDone(streamCtx)
 		}
 		snapshot.close(ctx)
 	}
@@ -503,7 +501,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	if streamErr == nil {
 		go func() {
 			defer close(swDone)
-			swErr = sw.run(streamCtx, r.cfg.StatusInterval)
+			swErr = sw.Run(streamCtx, r.cfg.StatusInterval)
 			if swErr != nil && streamCtx.Err() == nil {
 				cancelStream()
 			}
@@ -511,11 +509,11 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		s := &wal.Stream{
 			Conn: rconn, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Schema: r.schema, Table: r.table,
 			Messages: versionNum >= 140000, Tracker: tr, Out: events, StatusInterval: r.cfg.StatusInterval,
-			StopGrace:   r.cfg.ShutdownTimeout / 2,
-			Abort:       tctx,
-			Log:         r.log.With("component", "stream", "slot", r.cfg.Slot),
-			Faults:      r.faults,
-			Confirmable: func() uint64 { return min(tr.Acked(), sw.durable.Load()) },
+			StopGrace: r.cfg.ShutdownTimeout / 2,
+			Abort:     tctx,
+			Log:       r.log.With("component", "stream", "slot", r.cfg.Slot),
+			Faults:    r.faults,
+			Position:  sw,
 			// An insert named by a partition of the outbox stops the stream
 			// (a publication without publish_via_partition_root).
 			IsOutboxPartition: wal.OutboxPartitionOf(pool, r.schema, r.table),
@@ -542,10 +540,10 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 			cancelStream()
 			<-swDone
 			streamErr = s.Finish(hardCtx, func(fctx context.Context) uint64 {
-				if err := sw.write(fctx, max(tr.Acked(), s.SentFlush()), true); err != nil {
+				if err := sw.Write(fctx, max(tr.Acked(), s.SentFlush()), true); err != nil {
 					r.log.Warn("final state write failed", "err", err)
 				}
-				return sw.durable.Load()
+				return sw.Durable()
 			})
 			if streamErr == nil {
 				r.log.Info("stopped; final position confirmed", "slot", r.cfg.Slot, "lsn", wal.FormatLSN(s.SentFlush()), "token", t.Token)
@@ -633,15 +631,6 @@ func (r *Relay) freeSlot(ctx context.Context, conn *pgx.Conn, own uint32) error 
 	}
 }
 
-// lost marks a state write refused by its fence (wal.ErrFenced: another
-// instance holds the lease now) as the loss of the lease.
-func lost(err error) error {
-	if errors.Is(err, wal.ErrFenced) {
-		return fmt.Errorf("%w: %w", lease.ErrLost, err)
-	}
-	return err
-}
-
 func (r *Relay) producerConfig(l *leadership) publish.Config {
 	cfgs, _ := config.ParseTopicConfigs(r.cfg.TopicConfigs)
 	return publish.Config{
@@ -659,115 +648,19 @@ func (r *Relay) producerConfig(l *leadership) publish.Config {
 // Published is how many records Kafka acknowledged since the start.
 func (r *Relay) Published() int64 { return r.published.Load() }
 
-// promiseHeadroom is how far past the acked position a state write lets
-// the connector confirm. WAL with no outbox events still needs confirming
-// (rule 5), but our own state write, and the running-xacts and checkpoint
-// records the server logs after any activity, are WAL too: if each of them
-// called for another write, an idle database would never go quiet. With the
-// headroom, those few records (at most one full-page image of the state row
-// and a few small records) are confirmed without a write, and a database with
-// no other activity sees nothing more from the connector. The price: a slot
-// advanced by someone else by less than this past the last position the
-// connector examined is not detected at start. A graceful stop records the
-// exact position, so the headroom does not outlive the process.
-const promiseHeadroom = 16 << 10
-
-// stateWriter persists the position the connector may confirm before it is
-// confirmed (the promise), so that a slot moved behind its back is detected
-// at the next start.
-type stateWriter struct {
-	mu      sync.Mutex
-	conn    *pgx.Conn
-	st      wal.State
-	tracker *tracker.Tracker
-	term    *lease.Term // every write is fenced with its token (wal.Fence)
-	log     *slog.Logger
-	// onAck is told the position each write covers, on every tick whether
-	// it moved or not: it is no sign of progress (the stall clock is the
-	// tracker's progress count).
-	onAck   func(uint64)
-	durable atomic.Uint64 // the recorded promise
-	faults  fault.Hook
-}
-
-// run writes at most once per interval: each write is a commit, and the
-// confirmation it allows only goes out once per status interval anyway.
-func (w *stateWriter) run(ctx context.Context, every time.Duration) error {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		// The write itself is not cancelled with ctx: pgx closes a
-		// connection whose query is cancelled, and the final write at a
-		// graceful stop needs this connection.
-		// It ends with the term, though: a write after it is fenced anyway,
-		// and the session must not wait 30 s on a dead connection.
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		stop := context.AfterFunc(w.term.Context(), cancel)
-		err := w.write(wctx, w.tracker.Acked(), false)
-		stop()
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-	}
-}
-
-// write records a promise covering target when the current one does not.
-// final records exactly target (a graceful stop: target is at least every
-// position sent, so the promise may shrink to it).
-func (w *stateWriter) write(ctx context.Context, target uint64, final bool) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	st := w.st
-	if final {
-		st.Confirmed = target
-		if err := lost(wal.SetStateExact(ctx, w.conn, st, wal.Fence{Token: w.term.Token})); err != nil {
-			return err
-		}
-		w.durable.Store(target)
-		w.onAck(target)
-		return nil
-	}
-	if target <= w.durable.Load() {
-		w.onAck(target)
-		return nil
-	}
-	st.Confirmed = target + promiseHeadroom
-	if err := w.faults.At(fault.BeforePromise); err != nil {
-		return err
-	}
-	if err := lost(wal.SaveState(ctx, w.conn, st, wal.Fence{Token: w.term.Token})); err != nil {
-		return err
-	}
-	if err := w.faults.At(fault.AfterPromise); err != nil {
-		return err
-	}
-	w.durable.Store(st.Confirmed)
-	w.onAck(target)
-	return nil
-}
-
 // prepareSlot creates or adopts the slot and checks it against the state
 // row. It returns the position to stream from, the state, and an open
 // snapshot to publish first when one is due.
-func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, rconn *pgconn.PgConn, systemID, db string) (uint64, wal.State, *snapshot, error) {
-	save := func(f func(context.Context, wal.Execer, wal.State, wal.Fence) error, st wal.State) error {
-		return lost(f(ctx, conn, st, wal.Fence{Token: t.Token}))
+func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, rconn *pgconn.PgConn, systemID, db string) (uint64, checkpoint.State, *snapshot, error) {
+	save := func(f func(context.Context, checkpoint.Execer, checkpoint.State, checkpoint.Fence) error, st checkpoint.State) error {
+		return f(ctx, conn, st, checkpoint.Fence{Token: t.Token})
 	}
 	slot := r.cfg.Slot
 	info, exists, err := wal.GetSlot(ctx, conn, slot)
 	if err != nil {
-		return 0, wal.State{}, nil, err
+		return 0, checkpoint.State{}, nil, err
 	}
-	st, hasState, err := wal.LoadState(ctx, conn, slot)
+	st, hasState, err := checkpoint.LoadState(ctx, conn, slot)
 	if err != nil {
 		return 0, st, nil, err
 	}
@@ -789,8 +682,8 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			// slot is the connector's own and still owes its snapshot,
 			// rather than adopt it as an operator's slot and skip the rows
 			// written before it.
-			intent := wal.State{Slot: slot, SystemID: systemID}
-			if err := save(wal.ResetState, intent); err != nil {
+			intent := checkpoint.State{Slot: slot, SystemID: systemID}
+			if err := save(checkpoint.ResetState, intent); err != nil {
 				return 0, st, nil, err
 			}
 			if err := r.faults.At(fault.SlotIntent); err != nil {
@@ -805,7 +698,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		if err := r.faults.At(fault.SlotCreated); err != nil {
 			return 0, st, nil, err
 		}
-		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: consistent, SnapshotDone: !initial}
+		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: consistent, SnapshotDone: !initial}
 		var snap *snapshot
 		if initial {
 			// Import the exported snapshot before anything else runs on the
@@ -821,7 +714,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 				return 0, st, nil, err
 			}
 		}
-		err = save(wal.ResetState, st)
+		err = save(checkpoint.ResetState, st)
 		if err == nil {
 			err = r.faults.At(fault.StateWritten)
 		}
@@ -843,8 +736,8 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		// and streaming starts at the slot's own position. Rows committed
 		// in between are both read and streamed: duplicates, never losses.
 		r.log.Warn("found the slot this connector was creating when its last start failed; recording its position and taking the initial snapshot again", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush))
-		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush}
-		if err := save(wal.ResetState, st); err != nil {
+		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush}
+		if err := save(checkpoint.ResetState, st); err != nil {
 			return 0, st, nil, err
 		}
 		if err := r.faults.At(fault.StateWritten); err != nil {
@@ -852,21 +745,21 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		}
 	}
 	if !hasState {
-		st = wal.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, SnapshotDone: true}
-		if err := save(wal.SaveState, st); err != nil {
+		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, SnapshotDone: true}
+		if err := save(checkpoint.SaveState, st); err != nil {
 			return 0, st, nil, err
 		}
 		r.log.Info("adopted existing replication slot as it is (no snapshot)", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush))
 		return info.ConfirmedFlush, st, nil, nil
 	}
-	if err := wal.CheckSlotAgainstState(info, st, systemID); err != nil {
+	if err := checkpoint.CheckSlotAgainstState(info, st, systemID); err != nil {
 		if !r.cfg.AcceptSlotReset {
 			return 0, st, nil, err
 		}
 		r.log.Warn("OUTBOX_ACCEPT_SLOT_RESET=true: continuing from the slot's position although events may have been skipped", "slot", slot, "err", err)
 		st.SystemID = systemID
 		st.Confirmed = info.ConfirmedFlush
-		if err := save(wal.ResetState, st); err != nil {
+		if err := save(checkpoint.ResetState, st); err != nil {
 			return 0, st, nil, err
 		}
 	}

@@ -28,7 +28,7 @@ fi
 
 pkgs=("$@")
 if [[ ${#pkgs[@]} -eq 0 ]]; then
-	pkgs=(./relay/tracker ./relay/wal ./relay/publish)
+	pkgs=(./relay/tracker ./relay/checkpoint ./relay/wal ./relay/publish)
 fi
 min="${MUTATION_MIN_EFFICACY:-0}"
 

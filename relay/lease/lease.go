@@ -37,6 +37,13 @@ import (
 // no longer holds the lease (or may no longer trust that it does).
 var ErrLost = errors.New("leader lease lost")
 
+// ErrFenced is wrapped by every write refused because this instance's term
+// is over: a Kafka produce or commit after a newer leader initialised the
+// slot's transactional id (or after the lease's deadline passed), a state
+// write whose fence found another token. The one sentinel for "fenced"; it
+// wraps ErrLost.
+var ErrFenced = fmt.Errorf("this instance may no longer write, another leader's token is current: %w", ErrLost)
+
 // errReleased ends a term that was given up on purpose.
 var errReleased = errors.New("leader lease released")
 

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
 // candidate runs an elector whose lead function records its terms and
@@ -208,8 +207,7 @@ func TestLeaseHolderSessionEnds(t *testing.T) {
 
 // TestLeaseExpiryAndDeadline: a holder that stops renewing (its renewals
 // blocked, as a frozen process's would be) ends its own term before the
-// database's expiry; a standby takes over when the lease lapses, and state
-// writes fenced with the old token are refused.
+// database's expiry, and a standby takes over when the lease lapses.
 func TestLeaseExpiryAndDeadline(t *testing.T) {
 	pg := testenv.StartPostgres(t, testenv.PGOptions{})
 	ctx := context.Background()
@@ -249,26 +247,8 @@ func TestLeaseExpiryAndDeadline(t *testing.T) {
 	if bt.Token <= at.Token {
 		t.Errorf("b's token %d is not above a's %d", bt.Token, at.Token)
 	}
-
-	// A state write fenced with the old token is refused; with the new one
-	// it happens.
-	st := wal.State{Slot: "s1", SystemID: "x", Confirmed: 100}
-	if err := wal.SaveState(ctx, conn, st, wal.Fence{Token: at.Token}); !errors.Is(err, wal.ErrFenced) {
-		t.Errorf("state write fenced with the old token: %v; want wal.ErrFenced", err)
-	}
-	if err := wal.SaveState(ctx, conn, st, wal.Fence{Token: bt.Token}); err != nil {
-		t.Errorf("state write fenced with the current token: %v", err)
-	}
-	st.Confirmed = 50
-	if err := wal.SetStateExact(ctx, conn, st, wal.Fence{Token: at.Token}); !errors.Is(err, wal.ErrFenced) {
-		t.Errorf("final state write fenced with the old token: %v; want wal.ErrFenced", err)
-	}
-	if err := wal.ResetState(ctx, conn, st, wal.Fence{Token: at.Token}); !errors.Is(err, wal.ErrFenced) {
-		t.Errorf("state reset fenced with the old token: %v; want wal.ErrFenced", err)
-	}
-	if got, _, err := wal.LoadState(ctx, conn, "s1"); err != nil || got.Confirmed != 100 {
-		t.Errorf("state after refused writes: %+v, %v; want confirmed 100", got, err)
-	}
+	// That a state write fenced with a's token is refused now is
+	// relay/checkpoint's TestStateWritesFencedByLease.
 }
 
 // TestLeaseFrozenHolderSessionEnded: the lease expired while its holder's

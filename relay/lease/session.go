@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	schema "github.com/pgoutbox/pgoutbox/sql"
 )
 
 // AppName is the application_name of lease sessions, so that a new leader
@@ -90,15 +92,7 @@ SELECT EXISTS (SELECT 1 FROM pg_attribute
 
 // leaseDDL is sql/004_connector_state.sql's lease table, for deployments
 // that did not apply sql/ and whose role may create it.
-var leaseDDL = []string{`
-CREATE TABLE IF NOT EXISTS public.outbox_lease (
-    slot_name   text        PRIMARY KEY,
-    holder      text        NOT NULL,
-    token       bigint      NOT NULL,
-    acquired_at timestamptz NOT NULL DEFAULT now(),
-    expires_at  timestamptz NOT NULL,
-    holder_pid  integer
-)`, `ALTER TABLE public.outbox_lease ADD COLUMN IF NOT EXISTS holder_pid integer`}
+var leaseDDL = schema.Statements("public.outbox_lease")
 
 // DefaultHolder names this instance: host, process id and a random suffix,
 // unique even for two processes with the same pid in two containers.

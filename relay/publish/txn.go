@@ -41,10 +41,10 @@ import (
 // A PostgreSQL transaction may span several Kafka transactions: the tracker
 // confirms its end only once all are committed.
 
-// ErrFenced is returned when this producer may no longer publish: Kafka
-// fenced its transactional id (a newer leader initialised it), or the
-// lease's deadline passed. It wraps lease.ErrLost.
-var ErrFenced = fmt.Errorf("this instance may no longer publish: %w", lease.ErrLost)
+// ErrFenced is lease.ErrFenced: this producer may no longer publish, Kafka
+// fenced its transactional id (a newer leader initialised it) or the
+// lease's deadline passed.
+var ErrFenced = lease.ErrFenced
 
 // isFenced reports Kafka's answers to a producer whose epoch is not the
 // newest: another producer initialised the same transactional id.

@@ -1,8 +1,10 @@
-// Package tracker keeps the connector's three WAL positions apart:
-// received (what the stream has read), acked (everything up to it is in
-// Kafka or durably dead-lettered) and confirmed (what PostgreSQL was told).
-// Confusing them loses events (go-pq-cdc #107, Eventuate): a keepalive's WAL
-// end may only be acked when nothing received is still in flight.
+// Package tracker keeps two of the connector's three WAL positions apart:
+// received (what the stream has read) and acked (everything up to it is in
+// Kafka or durably dead-lettered). The third, confirmed (what PostgreSQL is
+// told), is relay/checkpoint's: at most acked, and covered by a recorded
+// promise. Confusing them loses events (go-pq-cdc #107, Eventuate): a
+// keepalive's WAL end may only be acked when nothing received is still in
+// flight.
 package tracker
 
 import (

@@ -131,8 +131,8 @@ func benchStream(b *testing.B) (*Stream, func()) {
 	s := &Stream{
 		Slot: "bench", Publication: "outbox_pub", Schema: "public", Table: "outbox",
 		Tracker: tracker.New(0), Out: out, StatusInterval: time.Hour,
-		Log:         slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Confirmable: func() uint64 { return 0 },
+		Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Position: ConfirmFunc(func() uint64 { return 0 }),
 	}
 	s.rels = make(map[uint32]*relation)
 	s.nextStatus = time.Now().Add(time.Hour)

@@ -40,6 +40,17 @@ type Counters struct {
 	Status func()
 }
 
+// Confirmer is what a Stream asks before it confirms a position: the
+// newest position that may be confirmed now (the connector's checkpoint
+// owns the answer).
+type Confirmer interface{ Confirmable() uint64 }
+
+// ConfirmFunc is a Confirmer of a function (tests, benchmarks).
+type ConfirmFunc func() uint64
+
+// Confirmable calls f.
+func (f ConfirmFunc) Confirmable() uint64 { return f() }
+
 // Stream reads the slot with pgoutput and hands outbox events to Out. One
 // goroutine (the one calling Run and then Finish) owns the replication
 // connection: nothing else writes to it (go-pq-cdc #142).
@@ -53,9 +64,9 @@ type Stream struct {
 	Messages bool
 	Tracker  *tracker.Tracker
 	Out      chan<- Event
-	// Confirmable returns the position that may be confirmed: acked, and
-	// already recorded durably in the state row.
-	Confirmable    func() uint64
+	// Position says what may be confirmed (checkpoint.Writer: acked, and
+	// already recorded durably in the state row).
+	Position       Confirmer
 	StatusInterval time.Duration
 	// StopGrace is how long a soft stop waits for the transaction being
 	// read to end before abandoning it.
@@ -522,7 +533,7 @@ func (s *Stream) sendStatus() error {
 	if err := s.Faults.At(fault.BeforeStatus); err != nil {
 		return err
 	}
-	flush := s.Confirmable()
+	flush := s.Position.Confirmable()
 	if flush > s.walEnd {
 		flush = s.walEnd
 	}

@@ -30,8 +30,8 @@ func TestStreamRowIsTheInsert(t *testing.T) {
 		s := &Stream{
 			Slot: "outbox_slot", Publication: "outbox_pub", Schema: "public", Table: "outbox",
 			Tracker: tracker.New(100), Out: out, StatusInterval: time.Hour,
-			Log:         slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Confirmable: func() uint64 { return 0 },
+			Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Position: ConfirmFunc(func() uint64 { return 0 }),
 		}
 		s.rels = make(map[uint32]*relation)
 		s.nextStatus = time.Now().Add(time.Hour)

@@ -51,9 +51,9 @@ func newGuardStream(t *testing.T, start uint64, partitions map[uint32]bool, look
 	g.Stream = &Stream{
 		Slot: "outbox_slot", Publication: "outbox_pub", Schema: "public", Table: "outbox",
 		Tracker: tracker.New(start), Out: g.out, StatusInterval: time.Hour,
-		Log:         slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Confirmable: func() uint64 { return 0 },
-		Counters:    Counters{Ignored: func(kind string) { g.ignored[kind]++ }},
+		Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Position: ConfirmFunc(func() uint64 { return 0 }),
+		Counters: Counters{Ignored: func(kind string) { g.ignored[kind]++ }},
 		IsOutboxPartition: func(_ context.Context, relID uint32) (bool, error) {
 			g.asked[relID]++
 			return partitions[relID], lookupErr

@@ -1,4 +1,11 @@
-package wal
+// Package checkpoint owns the position the connector may confirm: the state
+// row in public.outbox_connector_state (what the connector promised about
+// its slot: the position, the cluster, the snapshot), the promise written
+// before a position is confirmed (Writer), the exact write of a graceful
+// stop, the fence that makes each of them conditional on the leader lease,
+// and the check of a slot against its row at start. wal.Stream asks it what
+// may be confirmed (Confirmable) and nothing else.
+package checkpoint
 
 import (
 	"context"
@@ -8,6 +15,10 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/relay/lease"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
+	schema "github.com/pgoutbox/pgoutbox/sql"
 )
 
 // State is the connector's promise about its slot, kept in
@@ -27,14 +38,9 @@ type State struct {
 // such a row is the connector's own, and still owes its snapshot.
 func (st State) Creating() bool { return st.Confirmed == 0 && !st.SnapshotDone }
 
-const stateDDL = `
-CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
-    slot_name          text        PRIMARY KEY,
-    system_identifier  text        NOT NULL,
-    confirmed_lsn      pg_lsn      NOT NULL,
-    snapshot_done      boolean     NOT NULL DEFAULT false,
-    updated_at         timestamptz NOT NULL DEFAULT now()
-)`
+// stateDDL is sql/004_connector_state.sql's state table, for deployments
+// that did not apply sql/ and whose role may create it.
+var stateDDL = schema.Statements("public.outbox_connector_state")
 
 const queryState = `
 SELECT system_identifier, confirmed_lsn::text, snapshot_done
@@ -73,9 +79,9 @@ type Fence struct {
 	Token int64
 }
 
-// ErrFenced is returned by a fenced write when the lease's token is no longer
-// the fence's: another instance took over, and the write did not happen.
-var ErrFenced = errors.New("the leader lease's token is no longer current; the state was not written")
+// errFenced is a fenced write that found another token in the lease: another
+// instance took over, and the write did not happen.
+var errFenced = fmt.Errorf("%w; the state was not written", lease.ErrFenced)
 
 // fenceCTE selects one row while the lease of slot $1 has token $5.
 const fenceCTE = `
@@ -123,7 +129,7 @@ func write(ctx context.Context, conn Execer, f Fence, plain, fenced string, args
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrFenced
+		return errFenced
 	}
 	return nil
 }
@@ -131,8 +137,8 @@ func write(ctx context.Context, conn Execer, f Fence, plain, fenced string, args
 // SetStateExact records exactly st.Confirmed, which may be below the recorded
 // promise: at a graceful stop the promise shrinks to what was confirmed.
 func SetStateExact(ctx context.Context, conn Execer, st State, f Fence) error {
-	if err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, FormatLSN(st.Confirmed)); err != nil {
-		return fmt.Errorf("record final position %s for slot %q: %w", FormatLSN(st.Confirmed), st.Slot, err)
+	if err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, wal.FormatLSN(st.Confirmed)); err != nil {
+		return fmt.Errorf("record final position %s for slot %q: %w", wal.FormatLSN(st.Confirmed), st.Slot, err)
 	}
 	return nil
 }
@@ -147,8 +153,10 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 	if exists {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, stateDDL); err != nil {
-		return &FatalError{Msg: "the state table public.outbox_connector_state is missing and this role cannot create it; apply sql/004_connector_state.sql", Err: err}
+	for _, q := range stateDDL {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return &wal.FatalError{Msg: "the state table public.outbox_connector_state is missing and this role cannot create it; apply sql/004_connector_state.sql", Err: err}
+		}
 	}
 	return nil
 }
@@ -174,15 +182,15 @@ func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, e
 
 // SaveState writes st, never moving the confirmed position backwards.
 func SaveState(ctx context.Context, conn Execer, st State, f Fence) error {
-	if err := write(ctx, conn, f, upsertState, upsertStateFenced, st.Slot, st.SystemID, FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
-		return fmt.Errorf("save connector state for slot %q at %s: %w", st.Slot, FormatLSN(st.Confirmed), err)
+	if err := write(ctx, conn, f, upsertState, upsertStateFenced, st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
+		return fmt.Errorf("save connector state for slot %q at %s: %w", st.Slot, wal.FormatLSN(st.Confirmed), err)
 	}
 	return nil
 }
 
 // ResetState overwrites the state row (accepted slot reset, new slot).
 func ResetState(ctx context.Context, conn Execer, st State, f Fence) error {
-	if err := write(ctx, conn, f, resetState, resetStateFenced, st.Slot, st.SystemID, FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
+	if err := write(ctx, conn, f, resetState, resetStateFenced, st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
 		return fmt.Errorf("reset connector state for slot %q: %w", st.Slot, err)
 	}
 	return nil
@@ -191,17 +199,17 @@ func ResetState(ctx context.Context, conn Execer, st State, f Fence) error {
 // CheckSlotAgainstState fails closed when the slot moved behind the
 // connector's back: a different cluster, or a confirmed position beyond
 // anything the connector promised (advanced, or dropped and recreated).
-func CheckSlotAgainstState(s SlotInfo, st State, systemID string) error {
+func CheckSlotAgainstState(s wal.SlotInfo, st State, systemID string) error {
 	if st.SystemID != systemID {
-		return Fatalf("slot %q: the state row was written on PostgreSQL system %s but this server is system %s (restored from a backup, or a new cluster?): events may have been skipped. "+
+		return wal.Fatalf("slot %q: the state row was written on PostgreSQL system %s but this server is system %s (restored from a backup, or a new cluster?): events may have been skipped. "+
 			"Check the outbox for events that never reached Kafka, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to continue from the slot's position",
 			s.Name, st.SystemID, systemID)
 	}
 	if s.ConfirmedFlush > st.Confirmed {
-		return Fatalf("slot %q was moved behind the connector's back: its confirmed position is %s but the connector only ever confirmed %s "+
+		return wal.Fatalf("slot %q was moved behind the connector's back: its confirmed position is %s but the connector only ever confirmed %s "+
 			"(advanced with pg_replication_slot_advance, consumed by another client, or dropped and recreated). Events between the two positions may never have been published. "+
 			"Check the outbox table for events in that range, re-publish what is missing, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to continue from %s",
-			s.Name, FormatLSN(s.ConfirmedFlush), FormatLSN(st.Confirmed), FormatLSN(s.ConfirmedFlush))
+			s.Name, wal.FormatLSN(s.ConfirmedFlush), wal.FormatLSN(st.Confirmed), wal.FormatLSN(s.ConfirmedFlush))
 	}
 	return nil
 }

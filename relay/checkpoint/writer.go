@@ -1,0 +1,135 @@
+package checkpoint
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/relay/fault"
+	"github.com/pgoutbox/pgoutbox/relay/lease"
+	"github.com/pgoutbox/pgoutbox/relay/tracker"
+)
+
+// promiseHeadroom is how far past the acked position a state write lets
+// the connector confirm. WAL with no outbox events still needs confirming
+// (rule 5), but our own state write, and the running-xacts and checkpoint
+// records the server logs after any activity, are WAL too: if each of them
+// called for another write, an idle database would never go quiet. With the
+// headroom, those few records (at most one full-page image of the state row
+// and a few small records) are confirmed without a write, and a database with
+// no other activity sees nothing more from the connector. The price: a slot
+// advanced by someone else by less than this past the last position the
+// connector examined is not detected at start. A graceful stop records the
+// exact position, so the headroom does not outlive the process.
+const promiseHeadroom = 16 << 10
+
+// Writer persists the position the connector may confirm before it is
+// confirmed (the promise), so that a slot moved behind its back is detected
+// at the next start, and answers what may be confirmed now (Confirmable):
+// acked by Kafka (the tracker) and covered by a recorded promise. Every
+// write is fenced with the term's token.
+type Writer struct {
+	mu      sync.Mutex
+	conn    *pgx.Conn
+	st      State
+	tracker *tracker.Tracker
+	term    *lease.Term
+	// onAck is told the position each write covers, on every tick whether
+	// it moved or not: it is no sign of progress (the stall clock is the
+	// tracker's progress count).
+	onAck   func(uint64)
+	durable atomic.Uint64 // the recorded promise
+	faults  fault.Hook
+}
+
+// NewWriter returns the writer of st (the row as prepared for this
+// session) on conn, for the positions tr acks, fenced by term.
+func NewWriter(conn *pgx.Conn, st State, tr *tracker.Tracker, term *lease.Term, faults fault.Hook, onAck func(uint64)) *Writer {
+	w := &Writer{conn: conn, st: st, tracker: tr, term: term, faults: faults, onAck: onAck}
+	w.durable.Store(st.Confirmed)
+	return w
+}
+
+// Confirmable is the position that may be confirmed to PostgreSQL: acked,
+// and covered by a recorded promise.
+func (w *Writer) Confirmable() uint64 { return min(w.tracker.Acked(), w.durable.Load()) }
+
+// Durable is the recorded promise.
+func (w *Writer) Durable() uint64 { return w.durable.Load() }
+
+// SnapshotDone records that the initial snapshot is published (every row
+// acked): from now on a start streams the slot instead of taking it again.
+func (w *Writer) SnapshotDone(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.st.SnapshotDone = true
+	return SaveState(ctx, w.conn, w.st, Fence{Token: w.term.Token})
+}
+
+// Run writes at most once per interval: each write is a commit, and the
+// confirmation it allows only goes out once per status interval anyway.
+func (w *Writer) Run(ctx context.Context, every time.Duration) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		// The write itself is not cancelled with ctx: pgx closes a
+		// connection whose query is cancelled, and the final write at a
+		// graceful stop needs this connection.
+		// It ends with the term, though: a write after it is fenced anyway,
+		// and the session must not wait 30 s on a dead connection.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		stop := context.AfterFunc(w.term.Context(), cancel)
+		err := w.Write(wctx, w.tracker.Acked(), false)
+		stop()
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// Write records a promise covering target when the current one does not.
+// final records exactly target (a graceful stop: target is at least every
+// position sent, so the promise may shrink to it).
+func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.st
+	if final {
+		st.Confirmed = target
+		if err := SetStateExact(ctx, w.conn, st, Fence{Token: w.term.Token}); err != nil {
+			return err
+		}
+		w.durable.Store(target)
+		w.onAck(target)
+		return nil
+	}
+	if target <= w.durable.Load() {
+		w.onAck(target)
+		return nil
+	}
+	st.Confirmed = target + promiseHeadroom
+	if err := w.faults.At(fault.BeforePromise); err != nil {
+		return err
+	}
+	if err := SaveState(ctx, w.conn, st, Fence{Token: w.term.Token}); err != nil {
+		return err
+	}
+	if err := w.faults.At(fault.AfterPromise); err != nil {
+		return err
+	}
+	w.durable.Store(st.Confirmed)
+	w.onAck(target)
+	return nil
+}

@@ -1,0 +1,31 @@
+package schema
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestStatements: the connector's two tables come out of the file whole,
+// each column there, the lease table's later column added to old ones too.
+func TestStatements(t *testing.T) {
+	state := Statements("public.outbox_connector_state")
+	if len(state) != 1 || !strings.HasPrefix(state[0], "CREATE TABLE IF NOT EXISTS public.outbox_connector_state (") {
+		t.Fatalf("state table: %q", state)
+	}
+	for _, col := range []string{"slot_name", "system_identifier", "confirmed_lsn", "snapshot_done", "updated_at"} {
+		if !strings.Contains(state[0], col) {
+			t.Errorf("state table lacks %s: %s", col, state[0])
+		}
+	}
+	lease := Statements("public.outbox_lease")
+	if len(lease) != 2 || !strings.HasPrefix(lease[0], "CREATE TABLE IF NOT EXISTS public.outbox_lease (") ||
+		lease[1] != "ALTER TABLE public.outbox_lease ADD COLUMN IF NOT EXISTS holder_pid integer" {
+		t.Fatalf("lease table: %q", lease)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a table the file does not define: no panic")
+		}
+	}()
+	Statements("public.nothing")
+}
