@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // TestKafkaOutage: the broker stopped for 30 s, and frozen with SIGSTOP for
@@ -195,7 +195,7 @@ func TestSlotAdvancedRefusesStart(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("connector did not refuse a slot advanced behind its back")
 	}
-	var fe *wal.FatalError
+	var fe *fatal.Error
 	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "moved behind the connector's back") || !strings.Contains(err.Error(), "OUTBOX_ACCEPT_SLOT_RESET") {
 		t.Fatalf("start after slot advance: %v; want a fatal error naming the move and OUTBOX_ACCEPT_SLOT_RESET", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // TestDetachedPartitionInsertStopsStream: inserts that PostgreSQL names by
@@ -68,7 +68,7 @@ func TestDetachedPartitionInsertStopsStream(t *testing.T) {
 			c2 := testenv.StartConsumer(t, brokers, "outbox.event."+aggType+"x")
 			run = startRelay(t, cfg)
 			err := run.waitExit(t, 20*time.Second, "inserts named by a "+how+" partition of the outbox must stop it")
-			var fe *wal.FatalError
+			var fe *fatal.Error
 			if !errors.As(err, &fe) || !strings.Contains(err.Error(), "public."+part) {
 				t.Fatalf("stream of a %s partition's inserts: %v; want a fatal error naming public.%s", how, err, part)
 			}

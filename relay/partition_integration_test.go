@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // Tests of a partitioned outbox (sql/variants/outbox_partitioned.sql): the
@@ -183,7 +183,7 @@ func TestPartitionedOutboxPublicationWithoutViaRoot(t *testing.T) {
 	run := startRelay(t, cfg)
 	err := run.waitExit(t, 20*time.Second, "a publication without publish_via_partition_root must stop it")
 	const fix = "ALTER PUBLICATION outbox_pub SET (publish_via_partition_root = true)"
-	var fe *wal.FatalError
+	var fe *fatal.Error
 	if !errors.As(err, &fe) || !strings.Contains(err.Error(), fix) {
 		t.Fatalf("start with a publication without publish_via_partition_root: %v; want a fatal error naming %q", err, fix)
 	}
@@ -241,7 +241,7 @@ func TestPartitionInsertStopsStream(t *testing.T) {
 	after := newPartWriter()
 	after.write(t, ctx, conn, aggType+"x", 30, 5, 10, func(i int) int { return i % 3 })
 	err := run.waitExit(t, 20*time.Second, "inserts named by a partition of the outbox must stop it")
-	var fe *wal.FatalError
+	var fe *fatal.Error
 	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "partition") || !strings.Contains(err.Error(), "publish_via_partition_root = true") {
 		t.Fatalf("stream of a partition's inserts: %v; want a fatal error naming the partition and the fix", err)
 	}

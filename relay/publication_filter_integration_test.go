@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // TestRowFilteredPublicationRefused: an operator adds a row filter to the
@@ -56,7 +56,7 @@ func TestRowFilteredPublicationRefused(t *testing.T) {
 	run = startRelay(t, cfg)
 	err := run.waitExit(t, 20*time.Second, "a row-filtered publication must stop it")
 	const fix = "ALTER PUBLICATION outbox_pub SET TABLE public.outbox;"
-	var fe *wal.FatalError
+	var fe *fatal.Error
 	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "row filter") || !strings.Contains(err.Error(), fix) {
 		t.Fatalf("start with a row-filtered publication: %v; want a fatal error naming the filter and %q", err, fix)
 	}

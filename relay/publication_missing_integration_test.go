@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
@@ -54,15 +55,15 @@ func currentLSN(t testing.TB, conn *pgx.Conn) uint64 {
 	return uint64(lsn)
 }
 
-// waitFatal waits for the relay to stop with a FatalError and returns it;
+// waitFatal waits for the relay to stop with a fatal.Error and returns it;
 // on a timeout it reports what the slot and the consumer show.
 func waitFatal(t *testing.T, run *running, within time.Duration, state func() string) error {
 	t.Helper()
 	select {
 	case err := <-run.done:
 		run.cancel = nil
-		if !wal.IsFatal(err) {
-			t.Fatalf("relay stopped with %v; want a FatalError", err)
+		if !fatal.Is(err) {
+			t.Fatalf("relay stopped with %v; want a fatal.Error", err)
 		}
 		return err
 	case <-time.After(within):
@@ -78,7 +79,7 @@ func waitFatal(t *testing.T, run *running, within time.Duration, state func() st
 // was when the change was written, so PostgreSQL 18 would skip the events
 // written while it was missing (the connector confirmed them unpublished),
 // and 13 to 17 fail the stream at the first of them at every session (a
-// loop). The start stops with a FatalError naming the slot, its confirmed
+// loop). The start stops with a fatal.Error naming the slot, its confirmed
 // position and the way out, before anything moves the slot; following the
 // way out (drop the slot, start once with OUTBOX_ACCEPT_SLOT_RESET=true)
 // publishes every event, those written while the publication was missing
@@ -168,7 +169,7 @@ func delivered(c *testenv.Consumer, want []testenv.Event) int {
 // stream at the first of them (SQLSTATE 42704), which was retried forever
 // (a wedge that never counted as a stall), 18 skips them with a warning,
 // and the connector confirmed them unpublished. Either way the stream must
-// stop with a FatalError that names the publication and the way out, before
+// stop with a fatal.Error that names the publication and the way out, before
 // the slot's confirmed position passes the first of those events.
 func TestPublicationMissingMidStream(t *testing.T) {
 	for _, tc := range []struct {

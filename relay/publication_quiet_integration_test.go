@@ -17,7 +17,7 @@ import (
 // database, the role or in the DSN's options, the skip was silent and the
 // connector confirmed the skipped events unpublished. The replication
 // connection asks for notices itself, so the stream stops with the
-// missing-publication FatalError before the slot's confirmed position
+// missing-publication fatal.Error before the slot's confirmed position
 // passes the first event written while the publication was missing.
 func TestPublicationMissingQuietServer(t *testing.T) {
 	for _, quiet := range []string{"database", "role", "dsn"} {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
 	"github.com/pgoutbox/pgoutbox/relay/config"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
@@ -201,7 +202,7 @@ func (r *Relay) LastError() string {
 func (r *Relay) Run(ctx context.Context) error {
 	pool, err := pgxpool.New(ctx, r.cfg.PGDSN)
 	if err != nil {
-		return &wal.FatalError{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
+		return &fatal.Error{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
 	}
 	defer pool.Close()
 	return r.elector.Run(ctx, func(ctx context.Context, t *lease.Term) error { return r.leadTerm(ctx, t, pool) })
@@ -227,7 +228,7 @@ func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool)
 			// A graceful stop: an error now is the stop's own (a step of
 			// setup or of the snapshot cut by the cancelled context), and
 			// the process exits 0. A fatal one still says what to fix.
-			if wal.IsFatal(err) {
+			if fatal.Is(err) {
 				return err
 			}
 			return nil
@@ -244,7 +245,7 @@ func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool)
 			// we did (it publishes nothing: its lease is gone). A new
 			// session takes the id back.
 			r.log.Warn("Kafka fenced this leader's producer although it holds the lease; starting a new session", "token", t.Token, "err", err)
-		case wal.IsFatal(err):
+		case fatal.Is(err):
 			return err
 		}
 		msg := config.RedactError(err, r.cfg.PGDSN)
@@ -290,7 +291,7 @@ func (r *Relay) newKafkaClient(txnID string) (*kgo.Client, error) {
 		kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry)), kafkaDialErrors{r}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return nil, &wal.FatalError{Msg: "Kafka client settings (OUTBOX_KAFKA_*)", Err: err}
+		return nil, &fatal.Error{Msg: "Kafka client settings (OUTBOX_KAFKA_*)", Err: err}
 	}
 	return cl, nil
 }
@@ -337,7 +338,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	defer conn.Close(context.WithoutCancel(ctx))
 	rcfg, err := pgconn.ParseConfig(r.cfg.PGDSN)
 	if err != nil {
-		return &wal.FatalError{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
+		return &fatal.Error{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
 	}
 	rcfg.RuntimeParams["replication"] = "database"
 	// PostgreSQL 18 says it skipped the publication only by a WARNING
@@ -430,7 +431,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 				return t.Err()
 			}
 			if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
-				return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", txnID), Err: err}
+				return &fatal.Error{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", txnID), Err: err}
 			}
 			return fmt.Errorf("initialise the Kafka transactional producer %q: %w", txnID, err)
 		}
@@ -670,7 +671,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 	creating := hasState && st.Creating() && st.SystemID == systemID
 	if !exists {
 		if hasState && !creating && st.SystemID == systemID && !r.cfg.AcceptSlotReset {
-			return 0, st, nil, wal.Fatalf("replication slot %q is gone, but the connector streamed it before (confirmed %s): it was dropped behind the connector's back, so events written since may never be published. "+
+			return 0, st, nil, fatal.Errorf("replication slot %q is gone, but the connector streamed it before (confirmed %s): it was dropped behind the connector's back, so events written since may never be published. "+
 				"Check the outbox table for events after that position, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to create a new slot", slot, wal.FormatLSN(st.Confirmed))
 		}
 		initial := r.cfg.Snapshot == "initial"

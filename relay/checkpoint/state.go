@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 	schema "github.com/pgoutbox/pgoutbox/sql"
@@ -155,7 +156,7 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 	}
 	for _, q := range stateDDL {
 		if _, err := conn.Exec(ctx, q); err != nil {
-			return &wal.FatalError{Msg: "the state table public.outbox_connector_state is missing and this role cannot create it; apply sql/004_connector_state.sql", Err: err}
+			return &fatal.Error{Msg: "the state table public.outbox_connector_state is missing and this role cannot create it; apply sql/004_connector_state.sql", Err: err}
 		}
 	}
 	return nil
@@ -201,12 +202,12 @@ func ResetState(ctx context.Context, conn Execer, st State, f Fence) error {
 // anything the connector promised (advanced, or dropped and recreated).
 func CheckSlotAgainstState(s wal.SlotInfo, st State, systemID string) error {
 	if st.SystemID != systemID {
-		return wal.Fatalf("slot %q: the state row was written on PostgreSQL system %s but this server is system %s (restored from a backup, or a new cluster?): events may have been skipped. "+
+		return fatal.Errorf("slot %q: the state row was written on PostgreSQL system %s but this server is system %s (restored from a backup, or a new cluster?): events may have been skipped. "+
 			"Check the outbox for events that never reached Kafka, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to continue from the slot's position",
 			s.Name, st.SystemID, systemID)
 	}
 	if s.ConfirmedFlush > st.Confirmed {
-		return wal.Fatalf("slot %q was moved behind the connector's back: its confirmed position is %s but the connector only ever confirmed %s "+
+		return fatal.Errorf("slot %q was moved behind the connector's back: its confirmed position is %s but the connector only ever confirmed %s "+
 			"(advanced with pg_replication_slot_advance, consumed by another client, or dropped and recreated). Events between the two positions may never have been published. "+
 			"Check the outbox table for events in that range, re-publish what is missing, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to continue from %s",
 			s.Name, wal.FormatLSN(s.ConfirmedFlush), wal.FormatLSN(st.Confirmed), wal.FormatLSN(s.ConfirmedFlush))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -133,7 +134,7 @@ func containsArg(args []any, v any) bool {
 	return false
 }
 
-// wantFatal fails unless err is nil (want nil) or a wal.FatalError naming
+// wantFatal fails unless err is nil (want nil) or a fatal.Error naming
 // every part of want.
 func wantFatal(t *testing.T, err error, want []string) {
 	t.Helper()
@@ -143,8 +144,8 @@ func wantFatal(t *testing.T, err error, want []string) {
 		}
 		return
 	}
-	if !wal.IsFatal(err) {
-		t.Fatalf("error %v; want a FatalError", err)
+	if !fatal.Is(err) {
+		t.Fatalf("error %v; want a fatal.Error", err)
 	}
 	for _, s := range want {
 		if !strings.Contains(err.Error(), s) {

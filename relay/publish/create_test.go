@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -21,7 +22,7 @@ import (
 
 // TestCreateTopicRefusedForSettings: Kafka refusing to create a topic for
 // the deployment's settings (configs, replication factor, partitions, a
-// create policy) stops the producer with a FatalError naming the settings,
+// create policy) stops the producer with a fatal.Error naming the settings,
 // at once, instead of retrying forever; nothing is dead-lettered or acked.
 func TestCreateTopicRefusedForSettings(t *testing.T) {
 	for _, code := range []*kerr.Error{kerr.InvalidConfig, kerr.InvalidReplicationFactor, kerr.InvalidPartitions, kerr.PolicyViolation} {
@@ -40,9 +41,9 @@ func TestCreateTopicRefusedForSettings(t *testing.T) {
 				return resp, nil, true
 			})
 			err := runOne(t, brokers, Config{DLQTopic: dlq, MaxMessageBytes: 1 << 20, TopicCreate: true, TopicPartitions: 1, TopicReplication: 1, Poison: &Poison{}}, aggType)
-			var fe *wal.FatalError
+			var fe *fatal.Error
 			if !errors.As(err, &fe) || !errors.Is(err, code) || !strings.Contains(err.Error(), "OUTBOX_TOPIC_CONFIGS") {
-				t.Fatalf("Run: %v; want a FatalError wrapping %v that names the settings", err, code)
+				t.Fatalf("Run: %v; want a fatal.Error wrapping %v that names the settings", err, code)
 			}
 		})
 	}

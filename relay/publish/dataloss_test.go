@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // TestProducerDataLossEndsSession: Kafka answering a produce with
@@ -45,7 +45,7 @@ func TestProducerDataLossEndsSession(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatalf("the session goes on 10 s after Kafka answered %s (acked %d); want it ended, nothing acked after the reset", c.err.Message, r.tr.Acked())
 			}
-			if err == nil || wal.IsFatal(err) || !strings.Contains(err.Error(), c.err.Message) {
+			if err == nil || fatal.Is(err) || !strings.Contains(err.Error(), c.err.Message) {
 				t.Errorf("the session ended with %v; want an error naming %s that is not fatal", err, c.err.Message)
 			}
 			if got := r.tr.Acked(); got != 100 {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -31,7 +32,7 @@ func (r *refusingTable) QueryRow(_ context.Context, _ string, args ...any) pgx.R
 // TestDeadLetterRefusedForItsValues: an insert refused for the row's values
 // (SQLSTATE class 22 or 54) is tried once more in the safe form (under the
 // event's place in the WAL) and, refused again, stops the connector with a
-// FatalError naming the event, at once: never retried forever, never
+// fatal.Error naming the event, at once: never retried forever, never
 // acked. Other database errors are retried until the context ends.
 func TestDeadLetterRefusedForItsValues(t *testing.T) {
 	router, err := route.New(route.DefaultConfig())
@@ -57,13 +58,13 @@ func TestDeadLetterRefusedForItsValues(t *testing.T) {
 				t.Fatalf("acked %d although the dead letter was never stored", tr.Acked())
 			}
 			if !c.fatal {
-				if wal.IsFatal(err) || ctx.Err() == nil {
+				if fatal.Is(err) || ctx.Err() == nil {
 					t.Fatalf("SQLSTATE %s: %v after %d tries; want it retried until the context ends", c.code, err, len(db.ids))
 				}
 				return
 			}
-			if !wal.IsFatal(err) || ctx.Err() != nil {
-				t.Fatalf("SQLSTATE %s: %v (context %v); want a FatalError at once", c.code, err, ctx.Err())
+			if !fatal.Is(err) || ctx.Err() != nil {
+				t.Fatalf("SQLSTATE %s: %v (context %v); want a fatal.Error at once", c.code, err, ctx.Err())
 			}
 			if want := []string{"ev-1", "lsn:0/C8:0/64:0"}; strings.Join(db.ids, " ") != strings.Join(want, " ") {
 				t.Errorf("tried ids %q, want %q: the event id, then the safe form's place in the WAL", db.ids, want)

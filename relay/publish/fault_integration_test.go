@@ -16,7 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
-	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
@@ -137,7 +137,7 @@ func brokerFault(t *testing.T, pool *pgxpool.Pool, transactional bool, ferr *ker
 	switch kind {
 	case "fatal":
 		err := l.session(ctx)
-		if !wal.IsFatal(err) {
+		if !fatal.Is(err) {
 			t.Fatalf("session ended with %v; want a fatal error", err)
 		}
 		if l.confirmed >= l.txns[f.tx].end {

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -310,7 +311,7 @@ func (r *rig) run(max int) {
 		r.confirmed = s.tr.Acked()
 		s.cl.Close()
 		if err != nil {
-			if wal.IsFatal(err) {
+			if fatal.Is(err) {
 				r.t.Fatalf("session %d: fatal error: %v", r.sessions, err)
 			}
 			r.errs = append(r.errs, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
@@ -203,7 +204,7 @@ func (p *Producer) idemPromise(r *kgo.Record, err error) {
 	case faultFenced:
 		herr, rank = fmt.Errorf("%w: produce to Kafka: %w", ErrFenced, err), 2
 	case faultFatal:
-		herr, rank = &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics, IDEMPOTENT_WRITE on the cluster)", r.Topic), Err: err}, 3
+		herr, rank = &fatal.Error{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics, IDEMPOTENT_WRITE on the cluster)", r.Topic), Err: err}, 3
 	case faultRecord:
 		if p.cfg.Poison.suspect(poisonKey(r.Topic, id), err) {
 			p.metrics.KafkaRefused.WithLabelValues(r.Topic, "suspect").Inc()
@@ -295,7 +296,7 @@ func (p *Producer) aloneIdem(ctx context.Context, ev wal.Event, rec *kgo.Record,
 	case faultFenced:
 		return fmt.Errorf("%w: produce to Kafka: %w", ErrFenced, err)
 	case faultFatal:
-		return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics, IDEMPOTENT_WRITE on the cluster)", rec.Topic), Err: err}
+		return &fatal.Error{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics, IDEMPOTENT_WRITE on the cluster)", rec.Topic), Err: err}
 	}
 	if isDataLoss(err) {
 		p.dataLoss(rec.Topic, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/route"
@@ -45,8 +46,8 @@ func failedRecord(p *Producer, topic string, lsn uint64) *kgo.Record {
 // fence must not be hidden behind a refused record. Every failure cancels
 // halt, so that franz-go fails the records not yet sent, and wakes Run.
 func TestIdemHaltCause(t *testing.T) {
-	fatal := func(err error) bool { return wal.IsFatal(err) }
-	fenced := func(err error) bool { return errors.Is(err, ErrFenced) && !wal.IsFatal(err) }
+	isFatal := func(err error) bool { return fatal.Is(err) }
+	fenced := func(err error) bool { return errors.Is(err, ErrFenced) && !fatal.Is(err) }
 	refused := func(err error) bool { return errors.Is(err, kerr.InvalidRecord) && !errors.Is(err, ErrFenced) }
 	transient := func(err error) bool { return errors.Is(err, kerr.NotLeaderForPartition) }
 	for _, tc := range []struct {
@@ -57,9 +58,9 @@ func TestIdemHaltCause(t *testing.T) {
 		{"refused then its consequences", []error{kerr.InvalidRecord, context.Canceled, kgo.ErrClientClosed}, refused},
 		{"transient then a refusal", []error{kerr.NotLeaderForPartition, kerr.InvalidRecord}, transient},
 		{"refused then fenced", []error{kerr.InvalidRecord, kerr.ProducerFenced, context.Canceled}, fenced},
-		{"refused then fatal", []error{kerr.InvalidRecord, kerr.TopicAuthorizationFailed}, fatal},
-		{"fenced then fatal", []error{kerr.ProducerFenced, kerr.TopicAuthorizationFailed, kerr.InvalidRecord}, fatal},
-		{"fatal then fenced", []error{kerr.TopicAuthorizationFailed, kerr.ProducerFenced, kerr.InvalidRecord}, fatal},
+		{"refused then fatal", []error{kerr.InvalidRecord, kerr.TopicAuthorizationFailed}, isFatal},
+		{"fenced then fatal", []error{kerr.ProducerFenced, kerr.TopicAuthorizationFailed, kerr.InvalidRecord}, isFatal},
+		{"fatal then fenced", []error{kerr.TopicAuthorizationFailed, kerr.ProducerFenced, kerr.InvalidRecord}, isFatal},
 		{"fenced then refused", []error{kerr.ProducerFenced, kerr.InvalidRecord}, fenced},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
-	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
 // TestTopicLimitBelowOurs: a topic that accepts smaller batches than
@@ -46,7 +46,7 @@ func TestTopicLimitBelowOurs(t *testing.T) {
 		p := New(Config{MaxMessageBytes: 1 << 20, TopicCreate: create, TopicPartitions: 1, TopicReplication: -1},
 			cl, nil, nil, slog.New(slog.DiscardHandler), metrics.New())
 		err := p.ensureTopic(ctx, small)
-		var fatal *wal.FatalError
+		var fatal *fatal.Error
 		if !errors.As(err, &fatal) {
 			t.Fatalf("create=%v: ensureTopic(%s) = %v; want a fatal error", create, small, err)
 		}

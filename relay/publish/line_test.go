@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -151,7 +152,7 @@ func (l *line) run(ctx context.Context, max int) {
 		if l.sessions >= max {
 			l.t.Fatalf("not everything confirmed after %d sessions: %d of %d; errors: %v", l.sessions, l.confirmed, l.last(), l.errs)
 		}
-		if err := l.session(ctx); err != nil && wal.IsFatal(err) {
+		if err := l.session(ctx); err != nil && fatal.Is(err) {
 			l.t.Fatalf("fatal error: %v", err)
 		}
 		if ctx.Err() != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	faultstep "github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -187,7 +188,7 @@ func isFatalKafka(err error) bool {
 }
 
 // Run produces the events from in until in is closed, then flushes. It
-// returns a *wal.FatalError when Kafka refuses the deployment, an error
+// returns a *fatal.Error when Kafka refuses the deployment, an error
 // wrapping ErrFenced when this instance may no longer publish, and another
 // error when the session must end and the next one read again from the
 // confirmed position (a record Kafka refused: see Poison); onFatal is
@@ -206,7 +207,7 @@ func (p *Producer) Run(ctx context.Context, in <-chan wal.Event, onFatal func())
 	if err := p.ensureTopic(ctx, p.cfg.DLQTopic); err != nil {
 		onFatal()
 		if errors.Is(err, kerr.InvalidTopicException) {
-			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused the dead-letter topic name %q; set OUTBOX_DLQ_TOPIC to a legal topic name", p.cfg.DLQTopic), Err: err}
+			return &fatal.Error{Msg: fmt.Sprintf("Kafka refused the dead-letter topic name %q; set OUTBOX_DLQ_TOPIC to a legal topic name", p.cfg.DLQTopic), Err: err}
 		}
 		return err
 	}
@@ -237,7 +238,7 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 			ev.Txn.Done()
 			return nil
 		case class.Fatal():
-			return &wal.FatalError{Msg: "the router refused a row (table.op.invalid.behavior=fatal)", Err: err}
+			return &fatal.Error{Msg: "the router refused a row (table.op.invalid.behavior=fatal)", Err: err}
 		case class.Retryable():
 			p.log.Warn("routing needs the schema registry, which failed; retrying", "err", err, "backoff", backoff)
 			select {
@@ -285,7 +286,7 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 		if err := p.ensureTopic(ctx, rec.Topic); err != nil {
 			// The topic's name, which the event's aggregatetype made, is
 			// the record's fault; its settings (refused with a
-			// FatalError) are the deployment's.
+			// fatal.Error) are the deployment's.
 			if errors.Is(err, kerr.InvalidTopicException) {
 				return p.deadLetter(ctx, ev, id, rec.Topic, &route.Error{Class: route.ClassInvalidTopic, Msg: "Kafka refused to create the topic", Err: err})
 			}
@@ -420,7 +421,7 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 			p.known(topic)
 			return nil
 		case isFatalKafka(err):
-			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to create topic %q; grant CREATE, or create the topics yourself and set OUTBOX_TOPIC_CREATE=false", topic), Err: err}
+			return &fatal.Error{Msg: fmt.Sprintf("Kafka refused to create topic %q; grant CREATE, or create the topics yourself and set OUTBOX_TOPIC_CREATE=false", topic), Err: err}
 		case errors.Is(err, kerr.InvalidTopicException):
 			return err
 		case errors.Is(err, kerr.InvalidConfig), errors.Is(err, kerr.InvalidReplicationFactor),
@@ -429,7 +430,7 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 			// Retrying would loop forever: the settings are the
 			// deployment's, the same for every topic, and only an operator
 			// can change them.
-			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to create topic %q with %d partitions, replication factor %d and the configs of OUTBOX_TOPIC_CONFIGS; correct OUTBOX_TOPIC_PARTITIONS, OUTBOX_TOPIC_REPLICATION_FACTOR or OUTBOX_TOPIC_CONFIGS (or the broker's create-topic policy), or create the topics yourself and set OUTBOX_TOPIC_CREATE=false",
+			return &fatal.Error{Msg: fmt.Sprintf("Kafka refused to create topic %q with %d partitions, replication factor %d and the configs of OUTBOX_TOPIC_CONFIGS; correct OUTBOX_TOPIC_PARTITIONS, OUTBOX_TOPIC_REPLICATION_FACTOR or OUTBOX_TOPIC_CONFIGS (or the broker's create-topic policy), or create the topics yourself and set OUTBOX_TOPIC_CREATE=false",
 				topic, p.cfg.TopicPartitions, p.cfg.TopicReplication), Err: err}
 		}
 		p.log.Warn("create topic failed; retrying", "topic", topic, "err", err, "backoff", backoff)
@@ -476,7 +477,7 @@ func (p *Producer) waitTopic(ctx context.Context, topic string) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case isFatalKafka(err):
-			return &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to describe topic %q; grant DESCRIBE on the topics", topic), Err: err}
+			return &fatal.Error{Msg: fmt.Sprintf("Kafka refused to describe topic %q; grant DESCRIBE on the topics", topic), Err: err}
 		case errors.Is(err, kerr.InvalidTopicException):
 			return err
 		case !errors.Is(err, kerr.UnknownTopicOrPartition):
@@ -650,7 +651,7 @@ func (p *Producer) checkTopicLimit(ctx context.Context, topic string) error {
 				}
 				limit, perr := strconv.Atoi(*c.Value)
 				if perr == nil && limit < p.cfg.MaxMessageBytes {
-					return &wal.FatalError{Msg: fmt.Sprintf("topic %q accepts record batches of at most %d bytes (its max.message.bytes), below OUTBOX_KAFKA_MAX_MESSAGE_BYTES=%d; raise the topic's max.message.bytes (kafka-configs --alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d) or lower OUTBOX_KAFKA_MAX_MESSAGE_BYTES to %d",
+					return &fatal.Error{Msg: fmt.Sprintf("topic %q accepts record batches of at most %d bytes (its max.message.bytes), below OUTBOX_KAFKA_MAX_MESSAGE_BYTES=%d; raise the topic's max.message.bytes (kafka-configs --alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d) or lower OUTBOX_KAFKA_MAX_MESSAGE_BYTES to %d",
 						topic, limit, p.cfg.MaxMessageBytes, topic, p.cfg.MaxMessageBytes, limit)}
 				}
 			}
@@ -729,7 +730,7 @@ const maxDeadLetterIDs = 100
 // class 54: an event id longer than the primary key's index takes) would
 // be refused on every try, wedging the line: the row is stored once more in
 // its safe form, and if even that is refused the connector stops with a
-// FatalError naming the event rather than retry forever or skip it. Every
+// fatal.Error naming the event rather than retry forever or skip it. Every
 // other error (the table missing, a privilege, the database down) is the
 // deployment's, and retried with a capped backoff.
 func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, intended string, cause error) error {
@@ -773,7 +774,7 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 		}
 		if rowsFault(err) {
 			if dl.safe {
-				return &wal.FatalError{Msg: fmt.Sprintf("PostgreSQL refused the dead letter of the event at LSN %s even in its safe form (id %q, every value base64-encoded); the connector stops rather than skip it: check outbox_dead_letter's definition against sql/003_dead_letter.sql",
+				return &fatal.Error{Msg: fmt.Sprintf("PostgreSQL refused the dead letter of the event at LSN %s even in its safe form (id %q, every value base64-encoded); the connector stops rather than skip it: check outbox_dead_letter's definition against sql/003_dead_letter.sql",
 					wal.FormatLSN(row.Source.LSN), dl.id), Err: err}
 			}
 			// Refused for its values: the same insert would be refused

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/route"
 )
@@ -665,15 +666,15 @@ func TestTopicCreated(t *testing.T) {
 		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: dlq, Err: kerr.InvalidTopicException, Count: -1})
 		m := newSession(t, brokers, Config{DLQTopic: dlq, TopicCreate: true}, sessionOpts{}).start()
 		err := m.wait(10 * time.Second)
-		var fe *wal.FatalError
+		var fe *fatal.Error
 		if !errors.As(err, &fe) || !strings.Contains(err.Error(), "OUTBOX_DLQ_TOPIC") || !m.fatal.Load() {
-			t.Errorf("Run: %v (onFatal called: %v); want a FatalError naming OUTBOX_DLQ_TOPIC", err, m.fatal.Load())
+			t.Errorf("Run: %v (onFatal called: %v); want a fatal.Error naming OUTBOX_DLQ_TOPIC", err, m.fatal.Load())
 		}
 	})
 }
 
 // TestTopicLimit: a topic whose max.message.bytes is below
-// OUTBOX_KAFKA_MAX_MESSAGE_BYTES stops the producer with a FatalError
+// OUTBOX_KAFKA_MAX_MESSAGE_BYTES stops the producer with a fatal.Error
 // naming both (Kafka would refuse batches the producer fills to its own
 // limit), whether the producer created it or found it; at our limit or
 // above, the event is published.
@@ -710,10 +711,10 @@ func TestTopicLimit(t *testing.T) {
 				m := newSession(t, brokers, cfg, sessionOpts{}).start()
 				m.send(100, eventRow("id", "e1", aggType, "a", `{}`, 90, 100))
 				err := m.close()
-				var fe *wal.FatalError
+				var fe *fatal.Error
 				if tc.fatal {
 					if !errors.As(err, &fe) || !strings.Contains(err.Error(), "max.message.bytes") || !strings.Contains(err.Error(), v) || m.tr.Acked() != 0 {
-						t.Errorf("Run: %v, acked %d; want a FatalError naming the topic's max.message.bytes %s, nothing acked", err, m.tr.Acked(), v)
+						t.Errorf("Run: %v, acked %d; want a fatal.Error naming the topic's max.message.bytes %s, nothing acked", err, m.tr.Acked(), v)
 					}
 					return
 				}
@@ -869,7 +870,7 @@ func TestTopicWatch(t *testing.T) {
 		for m.tr.Acked() != 200 {
 			select {
 			case err := <-m.done:
-				if err == nil || wal.IsFatal(err) {
+				if err == nil || fatal.Is(err) {
 					t.Fatalf("the session ended with %v; want e2 published or an error that is not fatal", err)
 				}
 				m.done <- err

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -249,7 +250,7 @@ func TestDeletedTopicSaidAloud(t *testing.T) {
 			for r.tr.Acked() != 200 {
 				select {
 				case err := <-r.done:
-					if err == nil || wal.IsFatal(err) {
+					if err == nil || fatal.Is(err) {
 						t.Fatalf("the session ended with %v after the topic was created again; want the event published or an error that is not fatal", err)
 					}
 					t.Logf("the session ended: %v; the next reads e2 again", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	faultstep "github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
@@ -295,7 +296,7 @@ func (p *Producer) commit(ctx context.Context) error {
 			return fmt.Errorf("%w: commit the Kafka transaction: %w", ErrFenced, err)
 		}
 		if isFatalKafka(err) {
-			return &wal.FatalError{Msg: "Kafka refused the transaction; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", Err: err}
+			return &fatal.Error{Msg: "Kafka refused the transaction; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", Err: err}
 		}
 		return fmt.Errorf("commit the Kafka transaction: %w", err)
 	}
@@ -384,7 +385,7 @@ func (p *Producer) recordErrors() error {
 		return nil
 	}
 	defer clear(p.txn.failed)
-	var first, fenced, fatal error
+	var first, fenced, stop error
 	refused := 0
 	for i := -1; i < len(p.txn.recs); i++ { // -1: a record sendTxn did not produce (cannot happen)
 		err := p.txn.failed[i]
@@ -399,7 +400,7 @@ func (p *Producer) recordErrors() error {
 			if i >= 0 {
 				topic = p.txn.recs[i].topic
 			}
-			fatal = &wal.FatalError{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics and the transactional id)", topic), Err: err}
+			stop = &fatal.Error{Msg: fmt.Sprintf("Kafka refused to accept records for topic %q; check the connector's Kafka credentials and ACLs (WRITE and DESCRIBE on the topics and the transactional id)", topic), Err: err}
 		case faultTransient:
 			if i >= 0 && isDataLoss(err) {
 				p.dataLoss(p.txn.recs[i].topic, err)
@@ -420,8 +421,8 @@ func (p *Producer) recordErrors() error {
 	switch {
 	case fenced != nil:
 		return fmt.Errorf("%w: produce in the Kafka transaction: %w", ErrFenced, fenced)
-	case fatal != nil:
-		return fatal
+	case stop != nil:
+		return stop
 	case refused > 0 && classify(first) == faultRecord:
 		err := &refusedError{err: first, n: refused}
 		p.log.Warn(err.Error())

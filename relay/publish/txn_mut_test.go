@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	faultstep "github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/route"
@@ -238,16 +239,16 @@ func TestTxnCommitStepFails(t *testing.T) {
 	}
 	// Kafka refusing the commit itself (EndTxn): nothing acked, and the
 	// session ends saying why: the lease lost for a fenced producer, a
-	// FatalError naming the setting for refused access, an error to read
+	// fatal.Error naming the setting for refused access, an error to read
 	// again after for the rest.
 	for _, tc := range []struct {
 		ferr  *kerr.Error
 		check func(error) bool
 	}{
-		{kerr.InvalidTxnState, func(err error) bool { return !wal.IsFatal(err) && !errors.Is(err, ErrFenced) }},
+		{kerr.InvalidTxnState, func(err error) bool { return !fatal.Is(err) && !errors.Is(err, ErrFenced) }},
 		{kerr.ProducerFenced, func(err error) bool { return errors.Is(err, ErrFenced) }},
 		{kerr.TransactionalIDAuthorizationFailed, func(err error) bool {
-			return wal.IsFatal(err) && strings.Contains(err.Error(), "OUTBOX_KAFKA_TRANSACTIONAL")
+			return fatal.Is(err) && strings.Contains(err.Error(), "OUTBOX_KAFKA_TRANSACTIONAL")
 		}},
 	} {
 		t.Run("EndTxn "+tc.ferr.Message, func(t *testing.T) {
@@ -360,7 +361,7 @@ func TestTxnDeploymentFaults(t *testing.T) {
 		ferr  *kerr.Error
 		check func(error) bool
 	}{
-		{kerr.TopicAuthorizationFailed, func(err error) bool { var fe *wal.FatalError; return errors.As(err, &fe) }},
+		{kerr.TopicAuthorizationFailed, func(err error) bool { var fe *fatal.Error; return errors.As(err, &fe) }},
 		{kerr.InvalidProducerEpoch, func(err error) bool { return errors.Is(err, ErrFenced) }},
 	} {
 		t.Run(tc.ferr.Message, func(t *testing.T) {

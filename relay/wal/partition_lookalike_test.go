@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/route"
+
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // outboxColumns are benchRelation's columns: the outbox's.
@@ -29,7 +31,7 @@ func relationWith(id uint32, namespace, name string, cols []RelationColumn) []by
 // is not a partition of the outbox now (IsOutboxPartition says no: it was
 // detached or dropped after the insert was written) but has the columns
 // the connector reads from the partitioned outbox (RoutingColumns), in any
-// order and whatever else it has, stops the stream with a FatalError naming
+// order and whatever else it has, stops the stream with a fatal.Error naming
 // it, before the row is handed on, and nothing of its transaction is acked;
 // a relation without one of them is another table,
 // and so is any relation when the outbox is not partitioned (OutboxColumns
@@ -51,9 +53,9 @@ func TestStreamRefusesFormerPartitionInsert(t *testing.T) {
 	}
 	refused := func(t *testing.T, g *guardStream, err error) {
 		t.Helper()
-		var fe *FatalError
+		var fe *fatal.Error
 		if !errors.As(err, &fe) {
-			t.Fatalf("insert into a former partition of the outbox: %v; want a FatalError", err)
+			t.Fatalf("insert into a former partition of the outbox: %v; want a fatal.Error", err)
 		}
 		for _, want := range []string{"public.outbox_p20261201", "not a partition of the partitioned outbox table public.outbox now", "publish_via_partition_root = true", FormatLSN(final)} {
 			if !strings.Contains(err.Error(), want) {
@@ -184,8 +186,8 @@ func TestStreamRefusesFormerPartitionInsert(t *testing.T) {
 		g := newGuardStream(t, start, map[uint32]bool{partRelID: true}, nil)
 		asked := withCols(g, outboxColumns, nil)
 		err := g.feed(begin, relationMsg(partRelID, "public", "outbox_p20261201"), insertMsg(partRelID))
-		if !IsFatal(err) || !strings.Contains(err.Error(), "a partition of the outbox table public.outbox") {
-			t.Fatalf("insert into a partition: %v; want the partition's FatalError", err)
+		if !fatal.Is(err) || !strings.Contains(err.Error(), "a partition of the outbox table public.outbox") {
+			t.Fatalf("insert into a partition: %v; want the partition's fatal.Error", err)
 		}
 		if *asked != 0 {
 			t.Errorf("outbox columns asked %d times for a partition; want 0", *asked)
@@ -196,7 +198,7 @@ func TestStreamRefusesFormerPartitionInsert(t *testing.T) {
 		g := newGuardStream(t, start, nil, nil)
 		withCols(g, nil, errors.New("connection refused"))
 		err := g.feed(begin, relationMsg(otherRelID, "public", "orders"), insertMsg(otherRelID))
-		if err == nil || IsFatal(err) || !strings.Contains(err.Error(), "connection refused") {
+		if err == nil || fatal.Is(err) || !strings.Contains(err.Error(), "connection refused") {
 			t.Fatalf("failed lookup: %v; want a retryable error that wraps the cause", err)
 		}
 		g.Tracker.ServerWALEnd(final + 1000)

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // publicationSetup: a plain table, and a partitioned one two levels deep,
@@ -44,7 +46,7 @@ func TestEnsurePublicationLive(t *testing.T) {
 		setup         string // run first: the operator's publication
 		schema, table string
 		created       bool
-		fatal         string // a FatalError saying this; empty: success
+		fatal         string // a fatal.Error saying this; empty: success
 		viaRoot       bool   // pubviaroot afterwards
 	}{
 		{name: "plain table, created", schema: "plain", table: "outbox", created: true},
@@ -72,9 +74,9 @@ func TestEnsurePublicationLive(t *testing.T) {
 			}
 			created, err := EnsurePublication(ctx, conn, pub, tt.schema, tt.table, nil)
 			if tt.fatal != "" {
-				var fe *FatalError
+				var fe *fatal.Error
 				if !errors.As(err, &fe) || !strings.Contains(err.Error(), tt.fatal) {
-					t.Fatalf("EnsurePublication: %v; want a FatalError saying %q", err, tt.fatal)
+					t.Fatalf("EnsurePublication: %v; want a fatal.Error saying %q", err, tt.fatal)
 				}
 				t.Logf("refused: %v", err)
 			} else if err != nil {
@@ -152,7 +154,7 @@ var filterSetup = []string{
 // outbox has a row filter, or a column list that leaves out a column the
 // table has, would make pgoutput send some events not at all or without
 // their columns while keepalives confirm past them: EnsurePublication
-// refuses it with a FatalError naming the filter or the columns and the
+// refuses it with a fatal.Error naming the filter or the columns and the
 // ALTER PUBLICATION ... SET TABLE that fixes it. A column list naming every
 // column the table publishes is accepted (it publishes what no list would);
 // so are no list and FOR ALL TABLES. A partitioned outbox published via its
@@ -170,7 +172,7 @@ func TestEnsurePublicationFiltersLive(t *testing.T) {
 		name   string
 		setup  string // %s: the publication
 		schema string
-		fatal  []string // a FatalError saying each; empty: success
+		fatal  []string // a fatal.Error saying each; empty: success
 	}{
 		{name: "row filter", setup: `CREATE PUBLICATION %s FOR TABLE filt.outbox WHERE (aggregatetype <> 'billing') WITH (publish = 'insert')`, schema: "filt",
 			fatal: []string{"row filter", "aggregatetype <> 'billing'", "ALTER PUBLICATION %s SET TABLE filt.outbox;"}},
@@ -202,9 +204,9 @@ func TestEnsurePublicationFiltersLive(t *testing.T) {
 				}
 				return
 			}
-			var fe *FatalError
+			var fe *fatal.Error
 			if !errors.As(err, &fe) {
-				t.Fatalf("EnsurePublication: %v; want a FatalError", err)
+				t.Fatalf("EnsurePublication: %v; want a fatal.Error", err)
 			}
 			for _, want := range tt.fatal {
 				if want = strings.ReplaceAll(want, "%s", pub); !strings.Contains(err.Error(), want) {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // TestMissingPublicationTranslated (review 3, finding 1): lc_messages is
@@ -14,15 +16,15 @@ import (
 // translated, with other quotes. A 42704 during streaming (13 to 17: only
 // pgoutput's publication lookup raises it there; a missing slot fails
 // START_REPLICATION) stops the stream with the missing-publication
-// FatalError whatever its text, and so does 18's warning that it skipped
+// fatal.Error whatever its text, and so does 18's warning that it skipped
 // the publication, by its code (55000, or 42704) or by the bare name; a
 // warning with neither, and a notice below WARNING, do not stop it.
 func TestMissingPublicationTranslated(t *testing.T) {
 	wantMissing := func(t *testing.T, err error) {
 		t.Helper()
-		var fe *FatalError
+		var fe *fatal.Error
 		if !errors.As(err, &fe) {
-			t.Fatalf("got %v; want the missing-publication FatalError", err)
+			t.Fatalf("got %v; want the missing-publication fatal.Error", err)
 		}
 		for _, want := range []string{`publication "outbox_pub" does not exist`, `"outbox_slot"`, "OUTBOX_ACCEPT_SLOT_RESET=true"} {
 			if !strings.Contains(err.Error(), want) {
@@ -44,7 +46,7 @@ func TestMissingPublicationTranslated(t *testing.T) {
 			})
 		}
 		g := newGuardStream(t, 500, nil, nil)
-		if err := g.classifyStream(&pgconn.PgError{Code: "08006", Message: "Verbindung verloren"}); IsFatal(err) {
+		if err := g.classifyStream(&pgconn.PgError{Code: "08006", Message: "Verbindung verloren"}); fatal.Is(err) {
 			t.Errorf("a connection failure is fatal: %v", err)
 		}
 	})

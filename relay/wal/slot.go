@@ -9,49 +9,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
-
-// FatalError is an error the connector must not retry: it names the cause
-// and the operator's way out, and the process exits non-zero.
-type FatalError struct {
-	Msg string
-	Err error
-}
-
-func (e *FatalError) Error() string {
-	if e.Err != nil {
-		return e.Msg + ": " + e.Err.Error()
-	}
-	return e.Msg
-}
-
-func (e *FatalError) Unwrap() error { return e.Err }
-
-// Fatalf returns a FatalError.
-func Fatalf(format string, args ...any) error {
-	return &FatalError{Msg: fmt.Sprintf(format, args...)}
-}
-
-// IsFatal reports whether err must stop the connector rather than be retried.
-// Authentication and authorization failures are the deployment's fault:
-// retrying only fills logs (SQLSTATE class 28, and 42501 insufficient
-// privilege); a missing database (3D000) likewise. Everything else from the
-// network or a restarting server (class 08, 57P01..57P03, io errors) is
-// transient and retried with backoff.
-func IsFatal(err error) bool {
-	var fe *FatalError
-	if errors.As(err, &fe) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch {
-		case strings.HasPrefix(pgErr.Code, "28"), pgErr.Code == "42501", pgErr.Code == "3D000":
-			return true
-		}
-	}
-	return false
-}
 
 // SlotInfo is a row of pg_replication_slots.
 type SlotInfo struct {
@@ -93,13 +53,13 @@ func GetSlot(ctx context.Context, conn *pgx.Conn, name string) (SlotInfo, bool, 
 func CheckSlot(s SlotInfo, db string) error {
 	switch {
 	case s.SlotType != "logical":
-		return Fatalf("slot %q is a %s slot; the connector needs a logical slot with plugin pgoutput. Choose another OUTBOX_SLOT", s.Name, s.SlotType)
+		return fatal.Errorf("slot %q is a %s slot; the connector needs a logical slot with plugin pgoutput. Choose another OUTBOX_SLOT", s.Name, s.SlotType)
 	case s.Plugin != "pgoutput":
-		return Fatalf("slot %q uses plugin %q; the connector needs pgoutput. Choose another OUTBOX_SLOT, or drop the slot (SELECT pg_drop_replication_slot('%s')) knowing that events not yet read from it are lost", s.Name, s.Plugin, s.Name)
+		return fatal.Errorf("slot %q uses plugin %q; the connector needs pgoutput. Choose another OUTBOX_SLOT, or drop the slot (SELECT pg_drop_replication_slot('%s')) knowing that events not yet read from it are lost", s.Name, s.Plugin, s.Name)
 	case s.Database != db:
-		return Fatalf("slot %q belongs to database %q, but OUTBOX_PG_DSN connects to %q", s.Name, s.Database, db)
+		return fatal.Errorf("slot %q belongs to database %q, but OUTBOX_PG_DSN connects to %q", s.Name, s.Database, db)
 	case s.WALStatus == "lost":
-		return Fatalf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events were skipped. "+
+		return fatal.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events were skipped. "+
 			"Recover the missing events from the outbox table if it still holds them, then drop the slot (SELECT pg_drop_replication_slot('%s')) and restart the connector to create a new one with an initial snapshot; raise max_slot_wal_keep_size and watch slotwatch's alerts to prevent it", s.Name, s.Name)
 	}
 	return nil
@@ -166,7 +126,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 	var kind, qtable, qpub string
 	err := conn.QueryRow(ctx, queryRelKind, schema, table, pub).Scan(&kind, &qtable, &qpub)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, Fatalf("table %s.%s does not exist; create the outbox table (sql/001_outbox.sql, or sql/variants/outbox_partitioned.sql) or point OUTBOX_TABLE at it", schema, table)
+		return false, fatal.Errorf("table %s.%s does not exist; create the outbox table (sql/001_outbox.sql, or sql/variants/outbox_partitioned.sql) or point OUTBOX_TABLE at it", schema, table)
 	}
 	if err != nil {
 		return false, fmt.Errorf("look up table %s.%s: %w", schema, table, err)
@@ -189,7 +149,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 		if _, err := conn.Exec(ctx, createSQL); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "42P01") {
-				return false, Fatalf("publication %q does not exist and this role cannot create it (%s). Run as the table's owner: CREATE PUBLICATION %s FOR TABLE %s WITH (%s);", pub, pgErr.Message, qpub, qtable, with)
+				return false, fatal.Errorf("publication %q does not exist and this role cannot create it (%s). Run as the table's owner: CREATE PUBLICATION %s FOR TABLE %s WITH (%s);", pub, pgErr.Message, qpub, qtable, with)
 			}
 			return false, fmt.Errorf("create publication %q: %w", pub, err)
 		}
@@ -205,7 +165,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 		return created, fmt.Errorf("check the operations publication %q publishes: %w", pub, err)
 	}
 	if !inserts {
-		return created, Fatalf("publication %q does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert');", pub, qpub)
+		return created, fatal.Errorf("publication %q does not publish inserts; run: ALTER PUBLICATION %s SET (publish = 'insert');", pub, qpub)
 	}
 	if partitioned {
 		var viaRoot bool
@@ -213,7 +173,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 			return created, fmt.Errorf("check publish_via_partition_root of publication %q: %w", pub, err)
 		}
 		if !viaRoot {
-			return created, Fatalf("publication %q publishes the partitions of the partitioned table %s.%s under their own names (publish_via_partition_root is off), so the connector would not see their inserts as the outbox's; run: ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub, schema, table, qpub)
+			return created, fatal.Errorf("publication %q publishes the partitions of the partitioned table %s.%s under their own names (publish_via_partition_root is off), so the connector would not see their inserts as the outbox's; run: ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub, schema, table, qpub)
 		}
 	}
 	// A row filter makes pgoutput send nothing for the rows it rejects, and
@@ -225,7 +185,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 	var leftOut []string
 	err = conn.QueryRow(ctx, queryPublicationTable, pub, schema, table).Scan(&rowFilter, &leftOut)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return created, Fatalf("publication %q does not include %s.%s; run: ALTER PUBLICATION %s ADD TABLE %s;", pub, schema, table, qpub, qtable)
+		return created, fatal.Errorf("publication %q does not include %s.%s; run: ALTER PUBLICATION %s ADD TABLE %s;", pub, schema, table, qpub, qtable)
 	}
 	if err != nil {
 		return created, fmt.Errorf("check publication %q for %s.%s: %w", pub, schema, table, err)
@@ -239,7 +199,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 	default:
 		return created, nil
 	}
-	return created, Fatalf("publication %q %s, and the connector would confirm past them. "+
+	return created, fatal.Errorf("publication %q %s, and the connector would confirm past them. "+
 		"Publish the whole table: ALTER PUBLICATION %s SET TABLE %s; (SET TABLE replaces the publication's list of tables: if it publishes other tables too, list them after it, as they are). "+
 		"PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so events written before the fix stay filtered in the slot; they are still in the outbox table",
 		pub, what, qpub, qtable)
@@ -251,7 +211,7 @@ func EnsurePublication(ctx context.Context, conn *pgx.Conn, pub, schema, table s
 // (the slot's confirmed position, or what the stream acked); create is the
 // statement that makes the publication.
 func missingPublication(slot, pub string, confirmed uint64, create string) error {
-	return Fatalf("publication %q does not exist for changes that replication slot %q still has to send after %s: it was dropped, or created after the slot. "+
+	return fatal.Errorf("publication %q does not exist for changes that replication slot %q still has to send after %s: it was dropped, or created after the slot. "+
 		"PostgreSQL decodes each change with the publication as it was when the change was written, so changes written while it was missing cannot be read through it, and creating it now does not bring them back "+
 		"(PostgreSQL 13 to 17 fail the stream at the first of them, 18 skips them without an error); the connector stopped before confirming any of them, and creates a publication only together with a new slot. "+
 		"Events written since %s may be in the outbox table only. The way out: drop the slot (SELECT pg_drop_replication_slot('%s');) and start the connector once with OUTBOX_ACCEPT_SLOT_RESET=true: "+
@@ -275,7 +235,7 @@ func CreateSlot(ctx context.Context, rconn *pgconn.PgConn, slot string, export b
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			return 0, "", Fatalf("slot %q does not exist and this role may not create it (%s). Grant REPLICATION (ALTER ROLE <role> REPLICATION) or create it: SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, pgErr.Message, slot)
+			return 0, "", fatal.Errorf("slot %q does not exist and this role may not create it (%s). Grant REPLICATION (ALTER ROLE <role> REPLICATION) or create it: SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, pgErr.Message, slot)
 		}
 		return 0, "", fmt.Errorf("create replication slot %q: %w", slot, err)
 	}

@@ -1,12 +1,10 @@
 package wal
 
 import (
-	"errors"
-	"fmt"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // Unit tests of the decisions in slot.go that need no server: when a slot
@@ -37,7 +35,7 @@ func TestCheckSlot(t *testing.T) {
 	}
 }
 
-// wantFatal fails unless err is nil (want nil) or a FatalError naming every
+// wantFatal fails unless err is nil (want nil) or a fatal.Error naming every
 // part of want.
 func wantFatal(t *testing.T, err error, want []string) {
 	t.Helper()
@@ -47,52 +45,12 @@ func wantFatal(t *testing.T, err error, want []string) {
 		}
 		return
 	}
-	if !IsFatal(err) {
-		t.Fatalf("error %v; want a FatalError", err)
+	if !fatal.Is(err) {
+		t.Fatalf("error %v; want a fatal.Error", err)
 	}
 	for _, s := range want {
 		if !strings.Contains(err.Error(), s) {
 			t.Errorf("error %q does not name %q", err, s)
 		}
-	}
-}
-
-func TestIsFatal(t *testing.T) {
-	pg := func(code string) error { return fmt.Errorf("connect: %w", &pgconn.PgError{Code: code}) }
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"nil", nil, false},
-		{"plain", errors.New("read: connection reset by peer"), false},
-		{"wrapped FatalError", fmt.Errorf("prepare slot: %w", Fatalf("slot %q is invalidated", "s")), true},
-		{"invalid password 28P01", pg("28P01"), true},
-		{"no pg_hba entry 28000", pg("28000"), true},
-		{"insufficient privilege 42501", pg("42501"), true},
-		{"no such database 3D000", pg("3D000"), true},
-		{"admin shutdown 57P01", pg("57P01"), false},
-		{"connection failure 08006", pg("08006"), false},
-		{"slot in use 55006", pg("55006"), false},
-		{"serialization 40001", pg("40001"), false},
-	}
-	for _, tt := range tests {
-		if got := IsFatal(tt.err); got != tt.want {
-			t.Errorf("%s: IsFatal(%v) = %v; want %v", tt.name, tt.err, got, tt.want)
-		}
-	}
-}
-
-func TestFatalErrorText(t *testing.T) {
-	cause := errors.New("permission denied to create table")
-	e := &FatalError{Msg: "the state table is missing", Err: cause}
-	if got := e.Error(); got != "the state table is missing: permission denied to create table" {
-		t.Errorf("Error() = %q", got)
-	}
-	if !errors.Is(e, cause) {
-		t.Error("FatalError does not unwrap to its cause")
-	}
-	if got := Fatalf("slot %q", "s").Error(); got != `slot "s"` {
-		t.Errorf("Fatalf(...).Error() = %q", got)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/route"
+
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // Event is one outbox event read from the WAL, handed to the producer. When
@@ -383,7 +385,7 @@ func (s *Stream) handleMessage(ctx context.Context, lsn uint64, b []byte) error 
 	return nil
 }
 
-// refusePartition returns a FatalError for an insert into a partition of
+// refusePartition returns a fatal.Error for an insert into a partition of
 // the outbox (see IsOutboxPartition), or into a relation that may have been
 // one (see OutboxColumns). It returns before the insert is handed on and
 // with its transaction still open: the tracker acks nothing from that
@@ -413,7 +415,7 @@ func (s *Stream) refusePartition(ctx context.Context, rel *relation) error {
 		rel.checked, rel.partition, rel.lookalike = true, is, lookalike
 	}
 	if rel.lookalike {
-		return Fatalf("slot %q sent an insert into %s.%s (relation %d; transaction committed at %s), which is not a partition of the partitioned outbox table %s.%s now but has the columns the connector reads from it: "+
+		return fatal.Errorf("slot %q sent an insert into %s.%s (relation %d; transaction committed at %s), which is not a partition of the partitioned outbox table %s.%s now but has the columns the connector reads from it: "+
 			"a partition of the outbox detached or dropped after the insert was written, while publication %q published the outbox's partitions as themselves (publish_via_partition_root off), or another table with the outbox's columns that the publication publishes. "+
 			"The connector stopped before confirming that transaction rather than skip what may be outbox events. "+
 			"If it was a partition: run ALTER PUBLICATION %s SET (publish_via_partition_root = true); PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so a transaction written before the fix stops the connector again; "+
@@ -425,7 +427,7 @@ func (s *Stream) refusePartition(ctx context.Context, rel *relation) error {
 	if !rel.partition {
 		return nil
 	}
-	return Fatalf("slot %q sent an insert into %s.%s, a partition of the outbox table %s.%s, under the partition's own name (transaction committed at %s): "+
+	return fatal.Errorf("slot %q sent an insert into %s.%s, a partition of the outbox table %s.%s, under the partition's own name (transaction committed at %s): "+
 		"publication %q publishes the outbox's partitions as themselves (publish_via_partition_root is off, or it lists a partition). "+
 		"The connector stopped before confirming that transaction. Run: ALTER PUBLICATION %s SET (publish_via_partition_root = true); and make sure it lists %s itself. "+
 		"PostgreSQL decodes each transaction with the publication as it was when the transaction was written, so a transaction written before the fix stops the connector again; "+
@@ -606,9 +608,9 @@ func (s *Stream) classifyStart(start uint64, err error) error {
 			if bytes.Contains([]byte(pgErr.Message), []byte("publication")) {
 				return s.missingPublication(start, err)
 			}
-			return &FatalError{Msg: fmt.Sprintf("replication slot %q does not exist (dropped while the connector ran?): events may have been skipped; see OUTBOX_ACCEPT_SLOT_RESET in the README", s.Slot), Err: err}
+			return &fatal.Error{Msg: fmt.Sprintf("replication slot %q does not exist (dropped while the connector ran?): events may have been skipped; see OUTBOX_ACCEPT_SLOT_RESET in the README", s.Slot), Err: err}
 		case "55000": // object_not_in_prerequisite_state: invalidated slot
-			return &FatalError{Msg: fmt.Sprintf("replication slot %q cannot be streamed (invalidated?): events were skipped; drop it and restart to take a new snapshot", s.Slot), Err: err}
+			return &fatal.Error{Msg: fmt.Sprintf("replication slot %q cannot be streamed (invalidated?): events were skipped; drop it and restart to take a new snapshot", s.Slot), Err: err}
 		}
 	}
 	return s.classifyStream(err)
@@ -628,7 +630,7 @@ func (s *Stream) classifyStream(err error) error {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "55000":
-			return &FatalError{Msg: fmt.Sprintf("slot %q: %s", s.Slot, pgErr.Message), Err: err}
+			return &fatal.Error{Msg: fmt.Sprintf("slot %q: %s", s.Slot, pgErr.Message), Err: err}
 		case "42704":
 			return s.missingPublication(s.Tracker.Acked(), err)
 		}
@@ -663,7 +665,7 @@ func (s *Stream) missingPublication(after uint64, cause error) error {
 	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'); for a partitioned outbox WITH (publish = 'insert', publish_via_partition_root = true)",
 		pgx.Identifier{s.Publication}.Sanitize(), pgx.Identifier{s.Schema, s.Table}.Sanitize())
 	err := missingPublication(s.Slot, s.Publication, after, create)
-	var fe *FatalError
+	var fe *fatal.Error
 	if errors.As(err, &fe) {
 		fe.Err = cause
 	}

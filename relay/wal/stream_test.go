@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
+
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // The relation ids of the tests beside the outbox's (benchRelID).
@@ -76,7 +78,7 @@ func (g *guardStream) feed(msgs ...[]byte) error {
 }
 
 // TestStreamRefusesOutboxPartitionInsert: an insert that names a partition
-// of the outbox stops the stream with a FatalError before the row is handed
+// of the outbox stops the stream with a fatal.Error before the row is handed
 // on, and its transaction is never acked (not at commit, which the stream
 // never reads, nor by a keepalive), so nothing of it is confirmed. A
 // partition's Relation message alone, which pgoutput also sends with
@@ -91,9 +93,9 @@ func TestStreamRefusesOutboxPartitionInsert(t *testing.T) {
 	t.Run("insert names a partition", func(t *testing.T) {
 		g := newGuardStream(t, start, partitions, nil)
 		err := g.feed(begin, benchRelation(), insertMsg(benchRelID), relationMsg(partRelID, "public", "outbox_p20261201"), insertMsg(partRelID))
-		var fe *FatalError
+		var fe *fatal.Error
 		if !errors.As(err, &fe) {
-			t.Fatalf("insert into a partition of the outbox: %v; want a FatalError", err)
+			t.Fatalf("insert into a partition of the outbox: %v; want a fatal.Error", err)
 		}
 		for _, want := range []string{"public.outbox_p20261201", "partition of the outbox table public.outbox", "ALTER PUBLICATION outbox_pub SET (publish_via_partition_root = true)", FormatLSN(final)} {
 			if !strings.Contains(err.Error(), want) {
@@ -157,7 +159,7 @@ func TestStreamRefusesOutboxPartitionInsert(t *testing.T) {
 	t.Run("lookup fails", func(t *testing.T) {
 		g := newGuardStream(t, start, partitions, errors.New("connection refused"))
 		err := g.feed(begin, relationMsg(otherRelID, "public", "orders"), insertMsg(otherRelID))
-		if err == nil || IsFatal(err) || !strings.Contains(err.Error(), "connection refused") {
+		if err == nil || fatal.Is(err) || !strings.Contains(err.Error(), "connection refused") {
 			t.Fatalf("failed lookup: %v; want a retryable error that wraps the cause", err)
 		}
 		g.Tracker.ServerWALEnd(final + 1000)
