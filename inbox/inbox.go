@@ -86,6 +86,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // Handler does the business work of one record inside tx. It must do all
@@ -421,7 +423,7 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, parts map[string][]int
 // next commit (or the one on revoke or close); records redelivered meanwhile
 // are found in the table and skipped.
 func (c *Consumer) commit(ctx context.Context, cl *kgo.Client) {
-	backoff := c.cfg.RetryBackoff
+	backoff := retry.New(c.cfg.RetryBackoff, maxBackoff)
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := cl.CommitMarkedOffsets(cctx)
@@ -433,8 +435,7 @@ func (c *Consumer) commit(ctx context.Context, cl *kgo.Client) {
 			c.log.Warn("offset commit failed; it goes with the next batch", "err", err)
 			return
 		}
-		sleep(ctx, backoff)
-		backoff = min(backoff*2, 5*time.Second)
+		sleep(ctx, backoff.NextBackOff())
 	}
 }
 
@@ -483,6 +484,9 @@ func (c *Consumer) ensureDLQTopic(ctx context.Context) error {
 	}
 	return nil
 }
+
+// maxBackoff caps the waits between retries (RetryBackoff doubled).
+const maxBackoff = 5 * time.Second
 
 func sleep(ctx context.Context, d time.Duration) { sleepOr(ctx, nil, d) }
 

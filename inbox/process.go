@@ -7,13 +7,14 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // outcome is how one attempt at a record ended.
@@ -53,7 +54,7 @@ func (c *Consumer) handle(ctx context.Context, stop <-chan struct{}, rec *kgo.Re
 		c.log.Info("a redrive for another consumer group: here the id is deduplicated as usual",
 			"id", id, "redrive_group", Header(rec, ConsumerHeader), "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
 	}
-	backoff := c.cfg.RetryBackoff
+	backoff := retry.Jittered(c.cfg.RetryBackoff, maxBackoff)
 	attempts := 0
 	for {
 		if err := ended(ctx, stop); err != nil {
@@ -93,8 +94,7 @@ func (c *Consumer) handle(ctx context.Context, stop <-chan struct{}, rec *kgo.Re
 			c.retries.Add(1)
 			c.log.Warn("record failed; retrying", "id", id, "topic", rec.Topic, "attempt", attempts, "err", res.err)
 		}
-		sleepOr(ctx, stop, jitter(backoff))
-		backoff = min(backoff*2, 5*time.Second)
+		sleepOr(ctx, stop, backoff.NextBackOff())
 	}
 }
 
@@ -258,12 +258,6 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 	return c.h(ctx, tx, rec)
 }
 
-// jitter spreads a retry wait over [d/2, d], so that members retrying
-// after one database or Kafka outage do not come back all at once.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
-}
-
 // handlerGrace is how long past TxTimeout a handler runs before the
 // inbox logs that it ignores its ctx.
 const handlerGrace = 5 * time.Second
@@ -321,7 +315,7 @@ func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kg
 			kgo.RecordHeader{Key: "inbox.source.offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
 		),
 	}
-	backoff := c.cfg.RetryBackoff
+	backoff := retry.Jittered(c.cfg.RetryBackoff, maxBackoff)
 	for refusals := 0; ; {
 		// A revoke waits for a try in flight, not for the next: the
 		// record is left to the next owner, which dead-letters it again.
@@ -376,8 +370,7 @@ func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kg
 		} else {
 			c.log.Warn("dead-letter produce failed; retrying", "id", l.id, "topic", c.cfg.DLQTopic, "err", err)
 		}
-		sleepOr(ctx, stop, jitter(backoff))
-		backoff = min(backoff*2, 5*time.Second)
+		sleepOr(ctx, stop, backoff.NextBackOff())
 	}
 	c.deadLettered.Add(1)
 	c.log.Error("record dead-lettered", "id", l.id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
@@ -385,7 +378,7 @@ func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kg
 	if !l.mark {
 		return nil
 	}
-	backoff = c.cfg.RetryBackoff
+	backoff.Reset()
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -408,7 +401,6 @@ func (c *Consumer) deadLetter(ctx context.Context, stop <-chan struct{}, rec *kg
 		if err := ended(ctx, stop); err != nil {
 			return err
 		}
-		sleepOr(ctx, stop, jitter(backoff))
-		backoff = min(backoff*2, 5*time.Second)
+		sleepOr(ctx, stop, backoff.NextBackOff())
 	}
 }

@@ -39,6 +39,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/route"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // Relay is the connector.
@@ -216,7 +218,7 @@ func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool)
 	l := &leadership{term: t, headers: []kgo.RecordHeader{{Key: TokenHeader, Value: []byte(strconv.FormatInt(t.Token, 10))}}}
 	r.lead.Store(l)
 	tctx := t.Context()
-	backoff := 500 * time.Millisecond
+	backoff := retry.New(500*time.Millisecond, 30*time.Second)
 	for {
 		started := time.Now()
 		err := r.session(ctx, l, pool)
@@ -251,18 +253,18 @@ func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool)
 		msg := config.RedactError(err, r.cfg.PGDSN)
 		r.lastErr.Store(&msg)
 		if time.Since(started) > time.Minute {
-			backoff = 500 * time.Millisecond
+			backoff.Reset()
 		}
 		r.metrics.Reconnects.WithLabelValues(target(err)).Inc()
-		r.log.Warn("stream interrupted; reconnecting", "err", msg, "backoff", backoff)
+		wait := backoff.NextBackOff()
+		r.log.Warn("stream interrupted; reconnecting", "err", msg, "backoff", wait)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tctx.Done():
 			return t.Err()
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 30*time.Second)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	schema "github.com/pgoutbox/pgoutbox/sql"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // AppName is the application_name of lease sessions, so that a new leader
@@ -319,7 +321,7 @@ func (e *Elector) tryAcquire(ctx context.Context) (sight, error) {
 // acquire waits as a standby until this instance holds the lease. It
 // returns nil, nil when ctx ends.
 func (e *Elector) acquire(ctx context.Context) (*Term, error) {
-	backoff := 100 * time.Millisecond
+	backoff := retry.New(100*time.Millisecond, max(e.cfg.Poll, 5*time.Second))
 	var seen string
 	for {
 		if ctx.Err() != nil {
@@ -340,12 +342,12 @@ func (e *Elector) acquire(ctx context.Context) (*Term, error) {
 				return nil, fmt.Errorf("leader lease for slot %q: %w", e.cfg.Slot, err)
 			}
 			e.closeSession()
-			e.cfg.Log.Warn("cannot reach the leader lease; retrying", "slot", e.cfg.Slot, "err", err, "backoff", backoff)
-			sleep(ctx, backoff)
-			backoff = min(backoff*2, max(e.cfg.Poll, 5*time.Second))
+			wait := backoff.NextBackOff()
+			e.cfg.Log.Warn("cannot reach the leader lease; retrying", "slot", e.cfg.Slot, "err", err, "backoff", wait)
+			sleep(ctx, wait)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff.Reset()
 		if s.acquired {
 			t := newTerm(e.cfg.Slot, s.token, sent, e.cfg.TTL)
 			t.Previous, t.Reason = s.holder, s.reason

@@ -33,6 +33,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/route"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // Config is what the producer needs beyond the client.
@@ -223,7 +225,7 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 	if ev.Err != nil {
 		return p.deadLetter(ctx, ev, id, "", ev.Err)
 	}
-	backoff := 100 * time.Millisecond
+	backoff := retry.New(100*time.Millisecond, 10*time.Second)
 	for {
 		rec, err := p.router.Route(ctx, ev.Row)
 		if err == nil {
@@ -240,13 +242,13 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 		case class.Fatal():
 			return &fatal.Error{Msg: "the router refused a row (table.op.invalid.behavior=fatal)", Err: err}
 		case class.Retryable():
-			p.log.Warn("routing needs the schema registry, which failed; retrying", "err", err, "backoff", backoff)
+			wait := backoff.NextBackOff()
+			p.log.Warn("routing needs the schema registry, which failed; retrying", "err", err, "backoff", wait)
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			}
-			backoff = min(backoff*2, 10*time.Second)
 		case class != "":
 			return p.deadLetter(ctx, ev, id, intendedTopic(err), err)
 		default:
@@ -404,7 +406,7 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 		p.known(topic)
 		return nil
 	}
-	backoff := 100 * time.Millisecond
+	backoff := retry.New(100*time.Millisecond, 5*time.Second)
 	for {
 		resp, err := p.admin.CreateTopic(ctx, p.cfg.TopicPartitions, p.cfg.TopicReplication, p.cfg.TopicConfigs, topic)
 		if err == nil {
@@ -433,13 +435,13 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 			return &fatal.Error{Msg: fmt.Sprintf("Kafka refused to create topic %q with %d partitions, replication factor %d and the configs of OUTBOX_TOPIC_CONFIGS; correct OUTBOX_TOPIC_PARTITIONS, OUTBOX_TOPIC_REPLICATION_FACTOR or OUTBOX_TOPIC_CONFIGS (or the broker's create-topic policy), or create the topics yourself and set OUTBOX_TOPIC_CREATE=false",
 				topic, p.cfg.TopicPartitions, p.cfg.TopicReplication), Err: err}
 		}
-		p.log.Warn("create topic failed; retrying", "topic", topic, "err", err, "backoff", backoff)
+		wait := backoff.NextBackOff()
+		p.log.Warn("create topic failed; retrying", "topic", topic, "err", err, "backoff", wait)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 
@@ -456,7 +458,7 @@ func (p *Producer) ensureTopic(ctx context.Context, topic string) error {
 // access is fatal; a name Kafka calls invalid is returned (the event's
 // fault: it becomes a dead letter).
 func (p *Producer) waitTopic(ctx context.Context, topic string) error {
-	backoff := time.Second
+	backoff := retry.New(time.Second, 30*time.Second)
 	for waited := false; ; waited = true {
 		details, err := p.admin.ListTopics(ctx, topic)
 		if err == nil {
@@ -482,26 +484,26 @@ func (p *Producer) waitTopic(ctx context.Context, topic string) error {
 			return err
 		case !errors.Is(err, kerr.UnknownTopicOrPartition):
 			msg := fmt.Sprintf("cannot tell whether topic %q exists (OUTBOX_TOPIC_CREATE=false): looking it up failed: %v; its events and all after them wait", topic, err)
-			p.log.Warn(msg, "topic", topic, "err", err, "retry_in", backoff)
+			wait := backoff.NextBackOff()
+			p.log.Warn(msg, "topic", topic, "err", err, "retry_in", wait)
 			p.blocked(msg)
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			}
-			backoff = min(backoff*2, 30*time.Second)
 			continue
 		}
 		msg := fmt.Sprintf("topic %q does not exist and OUTBOX_TOPIC_CREATE=false: its events and all after them wait; create it (kafka-topics.sh --create --topic %s) or set OUTBOX_TOPIC_CREATE=true", topic, topic)
-		p.log.Error(msg, "topic", topic, "retry_in", backoff)
+		wait := backoff.NextBackOff()
+		p.log.Error(msg, "topic", topic, "retry_in", wait)
 		p.metrics.TopicMissing.WithLabelValues(topic).Set(1)
 		p.blocked(msg)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 30*time.Second)
 	}
 }
 
@@ -740,7 +742,7 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 	dl := deadLetterValuesOf(row, p.idField, place, intended, cause, nil)
 	eventID := dl.id
 	class := classOf(cause)
-	backoff := 100 * time.Millisecond
+	backoff := retry.New(100*time.Millisecond, 5*time.Second)
 	key, n := eventID, 1
 	for {
 		if !p.valid() {
@@ -784,13 +786,13 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 			p.log.Warn("PostgreSQL refused the dead letter's values; storing it under its place in the WAL with every value base64-encoded in row_data", "id", eventID, "lsn", wal.FormatLSN(row.Source.LSN), "err", err)
 			continue
 		}
-		p.log.Warn("storing a dead letter in outbox_dead_letter failed; retrying", "err", err, "backoff", backoff)
+		wait := backoff.NextBackOff()
+		p.log.Warn("storing a dead letter in outbox_dead_letter failed; retrying", "err", err, "backoff", wait)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 	p.log.Warn("dead-lettered an event to the outbox_dead_letter table", "id", key, "topic", intended, "class", class, "lsn", wal.FormatLSN(row.Source.LSN), "err", cause)
 	p.metrics.DeadLettered.WithLabelValues(intended, class, "table").Inc()

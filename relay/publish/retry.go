@@ -53,6 +53,9 @@ func (c *retryCount) OnProduceBatchWritten(kgo.BrokerMetadata, string, int32, kg
 // franz-go retries it like any retriable produce error, and with a commit
 // every few milliseconds 250 ms there would be the connector's latency. It
 // grows from 10 ms to 1 s, with jitter, over the first eight retries.
+// Written here, not taken from internal/retry: franz-go asks for the wait of
+// a given failure count (kgo.RetryBackoffFn), a function of the count, and
+// the library's ExponentialBackOff is a sequence with state.
 func txnRetryBackoff(fails int) time.Duration {
 	d := 10 * time.Millisecond << min(max(fails-1, 0), 7)
 	d = min(d, time.Second)
