@@ -42,7 +42,7 @@ var ErrLost = errors.New("leader lease lost")
 // slot's transactional id (or after the lease's deadline passed), a state
 // write whose fence found another token. The one sentinel for "fenced"; it
 // wraps ErrLost.
-var ErrFenced = fmt.Errorf("this instance may no longer write, another leader's token is current: %w", ErrLost)
+var ErrFenced = fmt.Errorf("this instance may no longer write, its term is over: %w", ErrLost)
 
 // errReleased ends a term that was given up on purpose.
 var errReleased = errors.New("leader lease released")
