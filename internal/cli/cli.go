@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/pgoutbox/pgoutbox/internal/config"
@@ -86,8 +87,46 @@ func (l Log) Logger(w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(l.Level))
 	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if l.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		h = slog.NewJSONHandler(w, opts)
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(&componentHandler{base: h, inner: h})
+}
+
+// componentHandler keeps one "component" attribute: a logger derived for a
+// part (log.With("component", "kafka") from the connector's) replaces the
+// name in place instead of adding a second one, as slog's handlers would; a
+// JSON line with a key twice is read differently by different tools.
+// Attributes are resolved when a logger is derived, not per line.
+type componentHandler struct {
+	base  slog.Handler // without the attributes below
+	attrs []slog.Attr
+	inner slog.Handler // base with attrs
+}
+
+func (h *componentHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.inner.Enabled(ctx, l)
+}
+
+func (h *componentHandler) Handle(ctx context.Context, r slog.Record) error {
+	return h.inner.Handle(ctx, r)
+}
+
+func (h *componentHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	merged := slices.Clone(h.attrs)
+	for _, a := range attrs {
+		if i := slices.IndexFunc(merged, func(m slog.Attr) bool { return m.Key == "component" }); a.Key == "component" && i >= 0 {
+			merged[i] = a
+			continue
+		}
+		merged = append(merged, a)
+	}
+	return &componentHandler{base: h.base, attrs: merged, inner: h.base.WithAttrs(merged)}
+}
+
+// WithGroup leaves the replacing behind: attributes after a group are the
+// group's (none of ours opens one).
+func (h *componentHandler) WithGroup(name string) slog.Handler {
+	return h.inner.WithGroup(name)
 }

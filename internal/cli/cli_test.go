@@ -86,3 +86,42 @@ func TestLog(t *testing.T) {
 		t.Errorf("text logger at debug wrote %q; want a text line", buf.String())
 	}
 }
+
+// TestLogComponentOnce: a logger derived for a part of a component
+// (log.With("component", "kafka") from the connector's) names one
+// component: slog's handlers append attributes, and a JSON line with the
+// key twice is read differently by different tools (the first wins in some,
+// the last in others).
+func TestLogComponentOnce(t *testing.T) {
+	for _, format := range []string{"json", "text"} {
+		t.Run(format, func(t *testing.T) {
+			var buf bytes.Buffer
+			log := Log{Level: "info", Format: format}.Logger(&buf)
+			log = log.With("component", "connector", "slot", "s1")
+			log.With("component", "kafka").Info("hello", "n", 1)
+			log.Info("again")
+			lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+			if len(lines) != 2 {
+				t.Fatalf("got %d lines: %q", len(lines), buf.String())
+			}
+			for i, want := range []string{"kafka", "connector"} {
+				if n := strings.Count(lines[i], "component"); n != 1 {
+					t.Errorf("line %d names component %d times: %s", i, n, lines[i])
+				}
+				if !strings.Contains(lines[i], want) || !strings.Contains(lines[i], "s1") {
+					t.Errorf("line %d: want component %s and slot s1: %s", i, want, lines[i])
+				}
+				if format == "json" {
+					var m map[string]any
+					if err := json.Unmarshal([]byte(lines[i]), &m); err != nil || m["component"] != want {
+						t.Errorf("line %d: component %v (%v): %s", i, m["component"], err, lines[i])
+					}
+				}
+			}
+			// The position of the replaced attribute is kept: component first.
+			if c, s := strings.Index(lines[0], "component"), strings.Index(lines[0], "s1"); c > s {
+				t.Errorf("component moved after slot: %s", lines[0])
+			}
+		})
+	}
+}
