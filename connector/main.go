@@ -183,7 +183,7 @@ func redriveCmd(ctx context.Context, cfg config.Config, from, group string, log 
 	case "table":
 		pool, err := pgxpool.New(ctx, cfg.PGDSN)
 		if err != nil {
-			return fmt.Errorf("OUTBOX_PG_DSN: %s", config.RedactError(err, cfg.PGDSN))
+			return fmt.Errorf("OUTBOX_PG_DSN: %w", config.Redact(err, cfg.PGDSN))
 		}
 		defer pool.Close()
 		res, err = rd.FromTable(ctx, pool)

@@ -86,7 +86,7 @@ func checkPostgres(ctx context.Context, dsn string) error {
 			if msg := classifyPG(err, what, cfg.User); msg != "" {
 				return &badSetting{"OUTBOX_PG_DSN: " + config.RedactError(errors.New(msg), dsn)}
 			}
-			return fmt.Errorf("open %s to PostgreSQL: %s", what, config.RedactError(err, dsn))
+			return fmt.Errorf("open %s to PostgreSQL: %w", what, config.Redact(err, dsn))
 		}
 		_ = conn.Close(ctx)
 	}

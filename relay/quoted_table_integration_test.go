@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -68,9 +69,8 @@ func TestQuotedOutboxTable(t *testing.T) {
 			before := len(want)
 
 			cfg := testConfig(t, pg.DSN("outbox"), brokers)
-			cfg.Table = tc.schema + "." + tc.table
 			cfg.Publication = "quoted_pub"
-			if err := cfg.Validate(); err != nil {
+			if err := errors.Join(cfg.Table.Set(tc.schema+"."+tc.table), cfg.Validate()); err != nil {
 				t.Fatalf("OUTBOX_TABLE=%s: %v", cfg.Table, err)
 			}
 			c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)

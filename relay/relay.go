@@ -14,7 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,7 +93,7 @@ type leadership struct {
 
 // New returns a relay for cfg.
 func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.Metrics) *Relay {
-	schema, table, _ := config.SplitTable(cfg.Table)
+	schema, table := cfg.Table.Schema, cfg.Table.Name
 	r := &Relay{cfg: cfg, log: log, metrics: m, router: router, schema: schema, table: table}
 	r.stall.timeout = cfg.StallTimeout
 	r.elector = lease.New(lease.Config{
@@ -204,7 +203,7 @@ func (r *Relay) LastError() string {
 func (r *Relay) Run(ctx context.Context) error {
 	pool, err := pgxpool.New(ctx, r.cfg.PGDSN)
 	if err != nil {
-		return &fatal.Error{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
+		return &fatal.Error{Msg: "OUTBOX_PG_DSN", Err: config.Redact(err, r.cfg.PGDSN)}
 	}
 	defer pool.Close()
 	return r.elector.Run(ctx, func(ctx context.Context, t *lease.Term) error { return r.leadTerm(ctx, t, pool) })
@@ -268,12 +267,25 @@ func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool)
 	}
 }
 
+// target is the reconnect counter's label: "kafka" for a failure of the
+// session's Kafka side (fencing the previous producer, the producer's own
+// errors) unless PostgreSQL's error is inside it (the producer writes dead
+// letters to a table too), "postgres" for everything else.
 func target(err error) string {
-	if strings.Contains(err.Error(), "Kafka") || strings.Contains(err.Error(), "kafka") {
+	var ke *kafkaError
+	var pgErr *pgconn.PgError
+	if errors.As(err, &ke) && !errors.As(ke.err, &pgErr) {
 		return "kafka"
 	}
 	return "postgres"
 }
+
+// kafkaError marks an error as met on the session's Kafka side; its text,
+// and what errors.Is and errors.As find in it, are the error's own.
+type kafkaError struct{ err error }
+
+func (e *kafkaError) Error() string { return e.err.Error() }
+func (e *kafkaError) Unwrap() error { return e.err }
 
 // newKafkaClient returns the session's Kafka client: transactional with
 // txnID when OUTBOX_KAFKA_TRANSACTIONAL is on. A client lives for one
@@ -340,7 +352,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	defer conn.Close(context.WithoutCancel(ctx))
 	rcfg, err := pgconn.ParseConfig(r.cfg.PGDSN)
 	if err != nil {
-		return &fatal.Error{Msg: "OUTBOX_PG_DSN: " + config.RedactError(err, r.cfg.PGDSN)}
+		return &fatal.Error{Msg: "OUTBOX_PG_DSN", Err: config.Redact(err, r.cfg.PGDSN)}
 	}
 	rcfg.RuntimeParams["replication"] = "database"
 	// PostgreSQL 18 says it skipped the publication only by a WARNING
@@ -435,7 +447,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 			if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
 				return &fatal.Error{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", txnID), Err: err}
 			}
-			return fmt.Errorf("initialise the Kafka transactional producer %q: %w", txnID, err)
+			return &kafkaError{fmt.Errorf("initialise the Kafka transactional producer %q: %w", txnID, err)}
 		}
 		r.log.Info("Kafka producer initialised; earlier producers of the slot are fenced", "transactional_id", txnID, "producer_id", id, "epoch", epoch, "token", t.Token)
 	}
@@ -571,7 +583,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	// batch's promise said why), and taken for a stop it restarted the
 	// session at once, with no backoff and its reason lost.
 	if prodErr != nil && (ctx.Err() == nil || !errors.Is(prodErr, context.Canceled)) {
-		return prodErr
+		return &kafkaError{prodErr}
 	}
 	if streamErr != nil {
 		return streamErr
@@ -635,11 +647,10 @@ func (r *Relay) freeSlot(ctx context.Context, conn *pgx.Conn, own uint32) error 
 }
 
 func (r *Relay) producerConfig(l *leadership) publish.Config {
-	cfgs, _ := config.ParseTopicConfigs(r.cfg.TopicConfigs)
 	return publish.Config{
 		DLQTopic: r.cfg.DLQTopic, MaxMessageBytes: r.cfg.MaxMessageBytes, TopicCreate: r.cfg.TopicCreate,
 		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
-		TopicConfigs: cfgs, Headers: func() []kgo.RecordHeader { return l.headers }, Published: &r.published,
+		TopicConfigs: r.cfg.TopicConfigs, Headers: func() []kgo.RecordHeader { return l.headers }, Published: &r.published,
 		Transactional: r.cfg.Transactional, TxnInterval: r.cfg.TxnInterval, TxnMaxRecords: r.cfg.MaxInFlight,
 		Poison: &r.poison, Valid: l.term.Valid, Faults: r.faults,
 		// A producer waiting for what only an operator can fix (a missing

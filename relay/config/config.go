@@ -7,9 +7,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
 	"github.com/pgoutbox/pgoutbox/route"
 )
@@ -31,7 +34,7 @@ type Config struct {
 	// Publication is the pgoutput publication (OUTBOX_PUBLICATION, default outbox_pub).
 	Publication string
 	// Table is the outbox table, schema-qualified (OUTBOX_TABLE, default public.outbox).
-	Table string
+	Table Table
 	// Snapshot is initial or never (OUTBOX_SNAPSHOT, default initial): publish
 	// the rows already in the table when the connector creates the slot.
 	Snapshot string
@@ -100,7 +103,7 @@ type Config struct {
 	// default -1: the broker's default.replication.factor).
 	TopicReplicationFactor int
 	// TopicConfigs for created topics, k=v,k=v (OUTBOX_TOPIC_CONFIGS).
-	TopicConfigs string
+	TopicConfigs TopicConfigs
 
 	envs []string
 }
@@ -112,7 +115,8 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Secret(&c.PGDSN, "pg-dsn", "OUTBOX_PG_DSN", "PostgreSQL connection string (libpq URL or key=value)")
 	b.String(&c.Slot, "slot", "OUTBOX_SLOT", "outbox_slot", "logical replication slot")
 	b.String(&c.Publication, "publication", "OUTBOX_PUBLICATION", "outbox_pub", "publication to stream")
-	b.String(&c.Table, "table", "OUTBOX_TABLE", "public.outbox", "outbox table, schema-qualified")
+	c.Table = Table{Schema: "public", Name: "outbox"}
+	b.Var(&c.Table, "table", "OUTBOX_TABLE", "outbox table, schema-qualified")
 	b.String(&c.Snapshot, "snapshot", "OUTBOX_SNAPSHOT", "initial", "initial: publish rows already in the table when the slot is created; never: do not")
 	b.Bool(&c.AcceptSlotReset, "accept-slot-reset", "OUTBOX_ACCEPT_SLOT_RESET", false, "continue on a slot that was recreated or advanced behind the connector's back (events may have been skipped)")
 	b.String(&c.HTTPAddr, "http-addr", "OUTBOX_HTTP_ADDR", "127.0.0.1:9189", "address for /metrics, /healthz, /readyz, /leader; off disables them")
@@ -133,7 +137,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Bool(&c.TopicCreate, "topic-create", "OUTBOX_TOPIC_CREATE", true, "create missing topics")
 	b.Int(&c.TopicPartitions, "topic-partitions", "OUTBOX_TOPIC_PARTITIONS", 6, "partitions of created topics")
 	b.Int(&c.TopicReplicationFactor, "topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the broker's default)")
-	b.String(&c.TopicConfigs, "topic-configs", "OUTBOX_TOPIC_CONFIGS", "", "configs of created topics, k=v,k=v")
+	b.Var(&c.TopicConfigs, "topic-configs", "OUTBOX_TOPIC_CONFIGS", "configs of created topics, k=v,k=v")
 	c.Route = route.DefaultConfig()
 	c.Route.Bind(b)
 	c.envs = b.EnvVars()
@@ -162,7 +166,7 @@ func (c *Config) Validate() error {
 			// a missing file is not a syntax error, say which it is.
 			what = "its TLS settings (sslmode, sslrootcert, sslcert, sslkey) cannot be used"
 		}
-		errs = append(errs, fmt.Errorf("OUTBOX_PG_DSN: %s: %s", what, RedactError(err, c.PGDSN)))
+		errs = append(errs, fmt.Errorf("OUTBOX_PG_DSN: %s: %w", what, Redact(err, c.PGDSN)))
 	}
 	// The slot and publication names reach replication commands that
 	// pglogrepl builds with Sprintf: allow only plain identifiers.
@@ -172,8 +176,8 @@ func (c *Config) Validate() error {
 	if !identRE.MatchString(c.Publication) {
 		errs = append(errs, fmt.Errorf("OUTBOX_PUBLICATION: %q is not a valid publication name; use lower-case letters, digits and _", c.Publication))
 	}
-	if _, _, err := SplitTable(c.Table); err != nil {
-		errs = append(errs, fmt.Errorf("OUTBOX_TABLE: %w", err))
+	if c.Table.Name == "" {
+		errs = append(errs, errors.New("OUTBOX_TABLE: missing; set it to schema.table, e.g. public.outbox"))
 	}
 	if c.Snapshot != "initial" && c.Snapshot != "never" {
 		errs = append(errs, fmt.Errorf("OUTBOX_SNAPSHOT: %q; use initial or never", c.Snapshot))
@@ -207,9 +211,6 @@ func (c *Config) Validate() error {
 	if c.TopicPartitions < 1 {
 		errs = append(errs, fmt.Errorf("OUTBOX_TOPIC_PARTITIONS: %d; use at least 1", c.TopicPartitions))
 	}
-	if _, err := ParseTopicConfigs(c.TopicConfigs); err != nil {
-		errs = append(errs, fmt.Errorf("OUTBOX_TOPIC_CONFIGS: %w", err))
-	}
 	if c.HTTPEnabled() {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 			errs = append(errs, fmt.Errorf("OUTBOX_HTTP_ADDR: %q is not host:port; use e.g. 127.0.0.1:9189, or off to disable the endpoint", c.HTTPAddr))
@@ -242,35 +243,59 @@ func (c *Config) HTTPEnabled() bool {
 // takes (outbox.QuoteTable), of either case.
 var tableIdentRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
 
-// SplitTable splits schema.table; a bare name is in public. The names are
-// taken as they are written, case kept, as the outbox package takes them
+// Table is the outbox table, parsed once from schema.table when the setting
+// is read (a flag.Value); a bare name is in public. The names are taken as
+// they are written, case kept, as the outbox package takes them
 // (Sales.OutBox is the table "Sales"."OutBox"): every statement quotes them
 // (pgx.Identifier), so a reserved word (order.select) is a name too.
-func SplitTable(t string) (schema, table string, err error) {
-	schema, table, ok := strings.Cut(t, ".")
+type Table struct{ Schema, Name string }
+
+// Set parses schema.table.
+func (t *Table) Set(s string) error {
+	schema, table, ok := strings.Cut(s, ".")
 	if !ok {
-		schema, table = "public", t
+		schema, table = "public", s
 	}
 	if !tableIdentRE.MatchString(schema) || !tableIdentRE.MatchString(table) {
-		return "", "", fmt.Errorf("%q is not schema.table of plain identifiers (letters, digits, _ and $, at most 63, case kept)", t)
+		return fmt.Errorf("%q is not schema.table of plain identifiers (letters, digits, _ and $, at most 63, case kept)", s)
 	}
-	return schema, table, nil
+	*t = Table{Schema: schema, Name: table}
+	return nil
 }
 
-// ParseTopicConfigs parses k=v,k=v.
-func ParseTopicConfigs(s string) (map[string]*string, error) {
-	out := map[string]*string{}
-	if strings.TrimSpace(s) == "" {
-		return out, nil
-	}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("%q is not key=value", kv)
+// String is schema.table.
+func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// TopicConfigs are the configs of created topics, parsed once from
+// k=v,k=v when the setting is read (a flag.Value).
+type TopicConfigs map[string]*string
+
+// Set parses k=v,k=v; an empty text is no configs.
+func (c *TopicConfigs) Set(s string) error {
+	out := TopicConfigs{}
+	if strings.TrimSpace(s) != "" {
+		for _, kv := range strings.Split(s, ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || k == "" {
+				return fmt.Errorf("%q is not key=value", kv)
+			}
+			out[k] = &v
 		}
-		out[k] = &v
 	}
-	return out, nil
+	*c = out
+	return nil
+}
+
+// String is k=v,k=v in key order.
+func (c *TopicConfigs) String() string {
+	if c == nil {
+		return ""
+	}
+	var kvs []string
+	for _, k := range slices.Sorted(maps.Keys(*c)) {
+		kvs = append(kvs, k+"="+*(*c)[k])
+	}
+	return strings.Join(kvs, ",")
 }
 
 // RedactDSN removes the password from a connection string for logs.
@@ -284,14 +309,19 @@ func RedactDSN(dsn string) string {
 	return regexp.MustCompile(`password\s*=\s*('[^']*'|\S+)`).ReplaceAllString(dsn, "password=xxxxx")
 }
 
-// RedactError removes dsn (and its password) from an error's text.
-func RedactError(err error, dsn string) string {
-	s := err.Error()
-	if dsn != "" {
-		s = strings.ReplaceAll(s, dsn, RedactDSN(dsn))
-	}
-	if cfg, perr := pgconn.ParseConfig(dsn); perr == nil && cfg.Password != "" {
-		s = strings.ReplaceAll(s, cfg.Password, "xxxxx")
-	}
-	return s
+// RedactError is err's text without dsn (and its password).
+func RedactError(err error, dsn string) string { return Redact(err, dsn).Error() }
+
+// Redact is err with dsn (and its password) masked in its text; errors.As
+// still finds what err holds (a *pgconn.PgError).
+func Redact(err error, dsn string) error {
+	return redact.Wrap(err, func(s string) string {
+		if dsn != "" {
+			s = strings.ReplaceAll(s, dsn, RedactDSN(dsn))
+		}
+		if cfg, perr := pgconn.ParseConfig(dsn); perr == nil && cfg.Password != "" {
+			s = strings.ReplaceAll(s, cfg.Password, "xxxxx")
+		}
+		return s
+	})
 }

@@ -2,9 +2,13 @@ package config
 
 import (
 	"bytes"
+	"errors"
 	"flag"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func parse(t *testing.T, env map[string]string, args ...string) (Config, *flag.FlagSet) {
@@ -70,5 +74,63 @@ func TestHelpHidesDSN(t *testing.T) {
 	fs.PrintDefaults()
 	if strings.Contains(out.String(), "hunter2") || !strings.Contains(out.String(), "-pg-dsn") {
 		t.Errorf("-help output shows the password or lacks -pg-dsn:\n%s", out.String())
+	}
+}
+
+// TestRedact: the connection string and its password leave the text, and
+// the error's type stays for errors.As (fatal.Is reads the SQLSTATE).
+func TestRedact(t *testing.T) {
+	dsn := "postgres://u:hunter2@db/app"
+	pe := &pgconn.PgError{Code: "28P01", Message: "password authentication failed for " + dsn}
+	err := fmt.Errorf("OUTBOX_PG_DSN: %w", Redact(fmt.Errorf("connect: %w", pe), dsn))
+	if strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "postgres://u:xxxxx@db/app") {
+		t.Errorf("text not masked: %s", err)
+	}
+	var got *pgconn.PgError
+	if !errors.As(err, &got) || got.Code != "28P01" {
+		t.Errorf("errors.As lost the PostgreSQL error: %v", got)
+	}
+	if Redact(nil, dsn) != nil {
+		t.Error("Redact(nil) is not nil")
+	}
+}
+
+// TestParsedOnce: the outbox table and the topic configs are parsed when
+// the setting is read, so that the relay uses them as they are and a
+// malformed one is refused with its variable's name, from the environment
+// or from a flag.
+func TestParsedOnce(t *testing.T) {
+	c, _ := parse(t, nil)
+	if c.Table != (Table{"public", "outbox"}) || c.Table.String() != "public.outbox" || len(c.TopicConfigs) != 0 {
+		t.Errorf("defaults: table %#v, topic configs %v", c.Table, c.TopicConfigs)
+	}
+	c, _ = parse(t, map[string]string{"OUTBOX_TABLE": "Sales.OutBox", "OUTBOX_TOPIC_CONFIGS": "retention.ms=60000, cleanup.policy=delete"})
+	if c.Table != (Table{"Sales", "OutBox"}) {
+		t.Errorf("table %#v", c.Table)
+	}
+	if got := c.TopicConfigs.String(); got != "cleanup.policy=delete,retention.ms=60000" {
+		t.Errorf("topic configs %q", got)
+	}
+	c, _ = parse(t, nil, "-table", "orders", "-topic-configs", "")
+	if c.Table != (Table{"public", "orders"}) || len(c.TopicConfigs) != 0 {
+		t.Errorf("flags: table %#v, topic configs %v", c.Table, c.TopicConfigs)
+	}
+	for _, bad := range []map[string]string{{"OUTBOX_TABLE": "a.b.c"}, {"OUTBOX_TABLE": "bad-name"}, {"OUTBOX_TOPIC_CONFIGS": "a=1,b"}} {
+		var c Config
+		fs := flag.NewFlagSet("connector", flag.ContinueOnError)
+		b := c.Bind(fs, func(k string) string { return bad[k] })
+		err := b.Err()
+		for k := range bad {
+			if err == nil || !strings.Contains(err.Error(), k+": ") {
+				t.Errorf("%v: want an error naming %s, got %v", bad, k, err)
+			}
+		}
+	}
+	var c2 Config
+	fs := flag.NewFlagSet("connector", flag.ContinueOnError)
+	fs.SetOutput(&bytes.Buffer{})
+	c2.Bind(fs, func(string) string { return "" })
+	if err := fs.Parse([]string{"-table", "x.y.z"}); err == nil {
+		t.Error("a malformed -table was taken")
 	}
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -155,6 +158,13 @@ func TestRedaction(t *testing.T) {
 	msg := tgt.RedactError(errors.New("failed: postgres://u:p%40ss@db/app and p@ss and p%40ss"))
 	if strings.Contains(msg, "p@ss") || strings.Contains(msg, "p%40ss") {
 		t.Errorf("RedactError left the password: %q", msg)
+	}
+	// Redact masks the same and keeps the error's type for errors.As.
+	pe := &pgconn.PgError{Code: "28P01", Message: "password authentication failed: p@ss"}
+	rerr := tgt.Redact(fmt.Errorf("connect: %w", pe))
+	var got *pgconn.PgError
+	if strings.Contains(rerr.Error(), "p@ss") || !errors.As(rerr, &got) || got.Code != "28P01" {
+		t.Errorf("Redact: %q, errors.As found %v", rerr, got)
 	}
 	if tgt.String() != "db:5432/app" {
 		t.Errorf("String() = %q", tgt.String())

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
 // Target is one PostgreSQL server (and database) to watch. Its Name, never
@@ -37,7 +39,7 @@ func NewTarget(name, dsn string) (Target, error) {
 			// a missing file is not a syntax error, say which it is.
 			what = "TLS settings (sslmode, sslrootcert, sslcert, sslkey) that cannot be used in"
 		}
-		return Target{}, fmt.Errorf("%s %s: %s", what, RedactDSN(dsn), redact(err.Error(), dsn, ""))
+		return Target{}, fmt.Errorf("%s %s: %s", what, RedactDSN(dsn), mask(err.Error(), dsn, ""))
 	}
 	t := Target{Name: name, Database: cfg.Database, dsn: dsn, password: cfg.Password}
 	if t.Name == "" {
@@ -60,7 +62,13 @@ func (t Target) RedactError(err error) string {
 	if err == nil {
 		return ""
 	}
-	return redact(err.Error(), t.dsn, t.password)
+	return t.Redact(err).Error()
+}
+
+// Redact is err with the connection string and password masked in its
+// text; errors.As still finds what err holds.
+func (t Target) Redact(err error) error {
+	return redact.Wrap(err, func(s string) string { return mask(s, t.dsn, t.password) })
 }
 
 var (
@@ -166,7 +174,7 @@ func RedactURL(raw string) string {
 	return u.String()
 }
 
-func redact(s, dsn, password string) string {
+func mask(s, dsn, password string) string {
 	if dsn != "" {
 		s = strings.ReplaceAll(s, dsn, RedactDSN(dsn))
 	}

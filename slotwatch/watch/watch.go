@@ -91,7 +91,7 @@ func New(targets []config.Target, opts Options) (*Watcher, error) {
 		log := opts.Log.With("server", t.Name)
 		col, err := collect.New(t.DSN(), log)
 		if err != nil {
-			return nil, fmt.Errorf("server %s: %s", t.Name, t.RedactError(err))
+			return nil, fmt.Errorf("server %s: %w", t.Name, t.Redact(err))
 		}
 		w.servers = append(w.servers, &server{
 			target:        t,
