@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -144,4 +145,48 @@ func compare(t *testing.T, what string, found, known []string) {
 		}
 	}
 	t.Logf("%s: %d (%s)", what, len(found), strings.Join(found, ", "))
+}
+
+// TestDesignNamesPackages: docs/design.md's table of where each decision is
+// made names packages of the module, and the files it names are in them, so
+// that the answer a newcomer reads stays true as packages move.
+func TestDesignNamesPackages(t *testing.T) {
+	pkgs := map[string]bool{}
+	for _, p := range list(t) {
+		pkgs[p.path] = true
+	}
+	text, err := os.ReadFile("../../docs/design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(text), "## Where each decision is made")
+	if !ok {
+		t.Fatal(`docs/design.md has no "Where each decision is made" section`)
+	}
+	table, _, _ = strings.Cut(table, "\n## ")
+	tick := regexp.MustCompile("`([^`]+)`")
+	rows := 0
+	for _, line := range strings.Split(table, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) != 5 || !strings.Contains(cells[2], "`") {
+			continue
+		}
+		rows++
+		pm := tick.FindStringSubmatch(cells[2])
+		dir := pm[1]
+		if !pkgs[dir] {
+			t.Errorf("design.md: %q is not a package of the module", dir)
+			continue
+		}
+		for _, m := range tick.FindAllStringSubmatch(cells[3], -1) {
+			if name := m[1]; strings.HasSuffix(name, ".go") {
+				if _, err := os.Stat(filepath.Join("../..", dir, name)); err != nil {
+					t.Errorf("design.md: %s names %s, not a file of it", dir, name)
+				}
+			}
+		}
+	}
+	if rows < 3 {
+		t.Errorf("design.md: %d rows in the decisions table; want at least the three (confirmed, routed, alerted)", rows)
+	}
 }
