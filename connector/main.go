@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,21 +30,12 @@ import (
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
-func main() {
-	cli.Main("connector", checkEnv, func(ctx context.Context) error {
-		return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	})
-}
+func main() { cli.Main("connector", envRule(), run) }
 
-// checkEnv refuses OUTBOX_* variables the connector does not read: a typo
-// would otherwise run on a default. OUTBOX_ROUTER_* are outbox-router's,
-// which checks them.
-func checkEnv(environ []string) error {
-	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
-		Prefixes: []string{"OUTBOX_"},
-		Others:   []string{"OUTBOX_ROUTER_"},
-		Known:    config.EnvVars(),
-	})
+// envRule: the connector refuses OUTBOX_* variables it does not read.
+// OUTBOX_ROUTER_* are outbox-router's, which checks them.
+func envRule() iconfig.EnvRule {
+	return iconfig.EnvRule{Prefixes: []string{"OUTBOX_"}, Others: []string{"OUTBOX_ROUTER_"}, Known: config.EnvVars()}
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,11 +23,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/outbox/partition"
 )
 
-func main() {
-	cli.Main("maintain", checkEnv, func(ctx context.Context) error {
-		return run(ctx, os.Args[1:], os.Getenv, os.Stderr)
-	})
-}
+func main() { cli.Main("maintain", envRule(), run) }
 
 // settings are maintain's flags and environment variables.
 type settings struct {
@@ -54,16 +49,17 @@ func (s *settings) bind(fs *flag.FlagSet, getenv func(string) string) *config.Bi
 	return b
 }
 
-// checkEnv refuses MAINTAIN_* variables maintain does not read. The OUTBOX_*
-// it reads (OUTBOX_PG_DSN, OUTBOX_TABLE) are the connector's, which checks
-// that namespace: maintain often runs with the connector's environment.
-func checkEnv(environ []string) error {
+// envRule: maintain refuses MAINTAIN_* variables it does not read. The
+// OUTBOX_* it reads (OUTBOX_PG_DSN, OUTBOX_TABLE) are the connector's, which
+// checks that namespace: maintain often runs with the connector's
+// environment.
+func envRule() config.EnvRule {
 	var s settings
 	known := s.bind(flag.NewFlagSet("maintain", flag.ContinueOnError), func(string) string { return "" }).EnvVars()
-	return config.CheckUnknownEnv(environ, config.EnvRule{Prefixes: []string{"MAINTAIN_"}, Known: known})
+	return config.EnvRule{Prefixes: []string{"MAINTAIN_"}, Known: known}
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, _, stderr io.Writer) error {
 	fs := flag.NewFlagSet("maintain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var s settings

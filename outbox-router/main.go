@@ -21,7 +21,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"time"
 	"unicode/utf8"
 
@@ -38,22 +37,12 @@ import (
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
-func main() {
-	cli.Main("outbox-router", checkEnv, func(ctx context.Context) error {
-		return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	})
-}
+func main() { cli.Main("outbox-router", envRule(), run) }
 
-// checkEnv refuses OUTBOX_* variables this binary does not read: a typo
-// would otherwise run on a default, and a connector setting (the router
-// reads none of them: no database, no slot) would seem to apply and be
-// ignored.
-func checkEnv(environ []string) error {
-	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
-		Prefixes: []string{"OUTBOX_"},
-		Known:    EnvVars(),
-	})
-}
+// envRule: the router refuses OUTBOX_* variables it does not read; a
+// connector setting (the router reads none of them: no database, no slot)
+// would seem to apply and be ignored.
+func envRule() iconfig.EnvRule { return iconfig.EnvRule{Prefixes: []string{"OUTBOX_"}, Known: EnvVars()} }
 
 // config is the binary's settings.
 type config struct {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/route"
 )
@@ -101,12 +102,12 @@ func TestCheckEnv(t *testing.T) {
 		{env: []string{"OUTBOX_ROUTER_INPUT_FORMT=avro"}, want: "did you mean OUTBOX_ROUTER_INPUT_FORMAT?"},
 		{env: []string{"OUTBOX_ROUTE_REGISTRY_PASSWORD_FILE=/run/secrets/registry"}}, // every secret has a _FILE form
 	} {
-		err := checkEnv(tc.env)
+		err := iconfig.CheckUnknownEnv(tc.env, envRule())
 		switch {
 		case tc.want == "" && err != nil:
-			t.Errorf("checkEnv(%q) = %v; want accepted", tc.env, err)
+			t.Errorf("CheckUnknownEnv(%q) = %v; want accepted", tc.env, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("checkEnv(%q) = %v; want an error containing %q", tc.env, err, tc.want)
+			t.Errorf("CheckUnknownEnv(%q) = %v; want an error containing %q", tc.env, err, tc.want)
 		}
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,20 +32,10 @@ import (
 	"github.com/pgoutbox/pgoutbox/slotwatch/web"
 )
 
-func main() {
-	cli.Main("slotwatch", checkEnv, func(ctx context.Context) error {
-		return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	})
-}
+func main() { cli.Main("slotwatch", envRule(), run) }
 
-// checkEnv refuses SLOTWATCH_* variables slotwatch does not read: a typo
-// would otherwise run on a default.
-func checkEnv(environ []string) error {
-	return iconfig.CheckUnknownEnv(environ, iconfig.EnvRule{
-		Prefixes: []string{"SLOTWATCH_"},
-		Known:    config.EnvVars(),
-	})
-}
+// envRule: slotwatch refuses SLOTWATCH_* variables it does not read.
+func envRule() iconfig.EnvRule { return iconfig.EnvRule{Prefixes: []string{"SLOTWATCH_"}, Known: config.EnvVars()} }
 
 // shutdownTimeout bounds the HTTP server's graceful stop.
 const shutdownTimeout = 5 * time.Second

@@ -19,14 +19,14 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"os/signal"
 	"runtime"
 	rpprof "runtime/pprof"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pgoutbox/pgoutbox/internal/cli"
+	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
@@ -34,15 +34,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "pprofrelay:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("pprofrelay", iconfig.EnvRule{}, run) }
 
 // Stats are the allocation counters at the stop.
 type Stats struct {
@@ -53,7 +45,7 @@ type Stats struct {
 	Seconds    float64 `json:"seconds"`
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, _, stderr io.Writer) error {
 	fs := flag.NewFlagSet("pprofrelay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config.Config

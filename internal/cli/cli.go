@@ -18,13 +18,21 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/config"
 )
 
-// Main runs a binary and exits: check (nil: none) is given the process's
-// environment and refuses what the binary does not read, then run gets a
-// context canceled by SIGINT or SIGTERM. An error is printed on stderr as
-// "name: error" with exit code 1; flag.ErrHelp (help was asked for and
-// printed) exits 0.
-func Main(name string, check func(environ []string) error, run func(ctx context.Context) error) {
-	os.Exit(Exit(context.Background(), name, os.Environ(), os.Stderr, check, run))
+// Run is a binary's body: its flags in args, its environment through
+// getenv, its output on stdout and stderr, until ctx is done.
+type Run func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error
+
+// Main runs a binary and exits: the process's environment is checked
+// against env (config.CheckUnknownEnv: a variable of its prefixes that the
+// binary does not read is refused, a typo would otherwise run on a
+// default), then run gets the process's arguments and a context canceled by
+// SIGINT or SIGTERM. An error is printed on stderr as "name: error" with
+// exit code 1; flag.ErrHelp (help was asked for and printed) exits 0.
+func Main(name string, env config.EnvRule, run Run) {
+	check := func(environ []string) error { return config.CheckUnknownEnv(environ, env) }
+	os.Exit(Exit(context.Background(), name, os.Environ(), os.Stderr, check, func(ctx context.Context) error {
+		return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	}))
 }
 
 // Exit is Main without the exit: it returns the exit code.
