@@ -42,7 +42,7 @@ func BenchmarkWrite(b *testing.B) {
 		{"message-batch10", outbox.ModeMessage, 10},
 	}
 	for _, c := range cases {
-		w, _ := outbox.New(outbox.WithMode(c.mode))
+		w, _ := outbox.New(outbox.Config{Mode: c.mode})
 		evs := make([]outbox.Event, c.events)
 		for i := range evs {
 			evs[i] = outbox.Event{AggregateType: "Order", AggregateID: fmt.Sprint("o-", i), Type: "OrderPlaced", Payload: payload}

@@ -90,7 +90,7 @@ func ExampleWriter_Write() {
 		log.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	w, err := outbox.New(outbox.WithMode(outbox.ModeDeleteAfterInsert))
+	w, err := outbox.New(outbox.Config{Mode: outbox.ModeDeleteAfterInsert})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func ExampleWriter_WriteSQL() {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	w, _ := outbox.New(outbox.WithMode(outbox.ModeMessage))
+	w, _ := outbox.New(outbox.Config{Mode: outbox.ModeMessage})
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		log.Fatal(err)

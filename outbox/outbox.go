@@ -128,46 +128,34 @@ type Writer struct {
 	newID  func() (uuid.UUID, error)
 }
 
-// Option configures a Writer.
-type Option func(*Writer) error
+// Config configures a Writer. The zero Config is table mode on
+// public.outbox with UUIDv7 ids.
+type Config struct {
+	// Table is the outbox table, "schema.name" or "name" (default
+	// "public.outbox"). Ignored in ModeMessage.
+	Table string
+	// Mode is the mode (default ModeTable).
+	Mode Mode
+	// NewID is the generator of ids for events without one (default
+	// uuid.NewV7).
+	NewID func() (uuid.UUID, error)
+}
 
-// WithTable sets the outbox table, "schema.name" or "name" (default
-// "public.outbox"). Ignored in ModeMessage.
-func WithTable(name string) Option {
-	return func(w *Writer) error {
-		q, err := QuoteTable(name)
+// New validates cfg and returns a Writer for it.
+func New(cfg Config) (*Writer, error) {
+	w := &Writer{table: `"public"."outbox"`, mode: cfg.Mode, prefix: MessagePrefix, newID: uuid.NewV7}
+	if cfg.Table != "" {
+		q, err := QuoteTable(cfg.Table)
 		if err != nil {
-			return err
-		}
-		w.table = q
-		return nil
-	}
-}
-
-// WithMode sets the mode (default ModeTable).
-func WithMode(m Mode) Option {
-	return func(w *Writer) error {
-		if m < ModeTable || m > ModeMessage {
-			return fmt.Errorf("outbox: unknown mode %d", int(m))
-		}
-		w.mode = m
-		return nil
-	}
-}
-
-// WithIDFunc sets the generator of ids for events without one (default
-// uuid.NewV7).
-func WithIDFunc(f func() (uuid.UUID, error)) Option {
-	return func(w *Writer) error { w.newID = f; return nil }
-}
-
-// New returns a Writer with the options applied.
-func New(opts ...Option) (*Writer, error) {
-	w := &Writer{table: `"public"."outbox"`, prefix: MessagePrefix, newID: uuid.NewV7}
-	for _, o := range opts {
-		if err := o(w); err != nil {
 			return nil, err
 		}
+		w.table = q
+	}
+	if cfg.Mode < ModeTable || cfg.Mode > ModeMessage {
+		return nil, fmt.Errorf("outbox: unknown mode %d", int(cfg.Mode))
+	}
+	if cfg.NewID != nil {
+		w.newID = cfg.NewID
 	}
 	return w, nil
 }
@@ -175,7 +163,7 @@ func New(opts ...Option) (*Writer, error) {
 // Mode is the writer's mode.
 func (w *Writer) Mode() Mode { return w.mode }
 
-var defaultWriter, _ = New()
+var defaultWriter, _ = New(Config{})
 
 // Write writes events in tx with the default Writer (table mode,
 // public.outbox).

@@ -122,7 +122,7 @@ func TestModesDeliverSameRecords(t *testing.T) {
 	}
 	c := testenv.StartConsumer(t, brokers, consumerTopics...)
 	for _, v := range variants {
-		w, err := outbox.New(outbox.WithMode(v.mode))
+		w, err := outbox.New(outbox.Config{Mode: v.mode})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -35,7 +35,7 @@ func TestStatements(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			w, err := New(WithMode(tc.mode))
+			w, err := New(Config{Mode: tc.mode})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,7 +65,7 @@ func TestStatements(t *testing.T) {
 }
 
 func TestMessageContent(t *testing.T) {
-	w, _ := New(WithMode(ModeMessage))
+	w, _ := New(Config{Mode: ModeMessage})
 	stmts, _, err := w.statements([]Event{{ID: uuid.MustParse("01932c07-0000-7000-8000-000000000001"), AggregateType: "Order",
 		AggregateID: "o-1", Type: "OrderPlaced", Payload: json.RawMessage(` {"b":1,"a":2} `), Columns: map[string]any{"tenant": "t1"}}})
 	if err != nil {
@@ -84,7 +84,7 @@ func TestMessageContent(t *testing.T) {
 }
 
 func TestNewIDsAreV7(t *testing.T) {
-	w, _ := New()
+	w, _ := New(Config{})
 	_, ids, err := w.statements([]Event{{AggregateType: "O", AggregateID: "o", Type: "T"}, {AggregateType: "O", AggregateID: "o", Type: "T"}})
 	if err != nil {
 		t.Fatal(err)
@@ -112,5 +112,51 @@ func TestQuoteTableAndParseMode(t *testing.T) {
 	}
 	if _, err := ParseMode("outbox"); err == nil {
 		t.Error("ParseMode(outbox): no error")
+	}
+}
+
+func TestNewConfig(t *testing.T) {
+	fixed := uuid.MustParse("01932c07-0000-7000-8000-0000000000ff")
+	tests := []struct {
+		name      string
+		cfg       Config
+		wantTable string // quoted; "" when New fails
+		wantErr   string
+	}{
+		{"zero is the defaults", Config{}, `"public"."outbox"`, ""},
+		{"table without schema", Config{Table: "events"}, `"public"."events"`, ""},
+		{"schema-qualified table", Config{Table: "app.events", Mode: ModeDeleteAfterInsert}, `"app"."events"`, ""},
+		{"invalid table", Config{Table: "a.b.c"}, "", `outbox: table "a.b.c": want schema.name of plain identifiers`},
+		{"invalid table in ModeMessage too", Config{Table: `x"y`, Mode: ModeMessage}, "", `outbox: table "x\"y": want schema.name of plain identifiers`},
+		{"unknown mode", Config{Mode: ModeMessage + 1}, "", "outbox: unknown mode 3"},
+		{"negative mode", Config{Mode: -1}, "", "outbox: unknown mode -1"},
+		{"id function", Config{NewID: func() (uuid.UUID, error) { return fixed, nil }}, `"public"."outbox"`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := New(tc.cfg)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.table != tc.wantTable || w.Mode() != tc.cfg.Mode || w.prefix != MessagePrefix {
+				t.Fatalf("table %s, mode %v, prefix %q; want %s, %v, %q", w.table, w.Mode(), w.prefix, tc.wantTable, tc.cfg.Mode, MessagePrefix)
+			}
+			_, ids, err := w.statements([]Event{{AggregateType: "O", AggregateID: "o", Type: "T"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.cfg.NewID != nil && ids[0] != fixed {
+				t.Fatalf("id %v: want the NewID's %v", ids[0], fixed)
+			}
+			if tc.cfg.NewID == nil && ids[0].Version() != 7 {
+				t.Fatalf("id %v: want a UUIDv7", ids[0])
+			}
+		})
 	}
 }

@@ -50,7 +50,7 @@ func TestWriterTakesOnlyTransactions(t *testing.T) {
 		}
 		return n
 	}
-	w, err := outbox.New()
+	w, err := outbox.New(outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return fmt.Errorf("ORDERS_OUTBOX_MODE: %w", err)
 	}
-	w, err := outbox.New(outbox.WithMode(m))
+	w, err := outbox.New(outbox.Config{Mode: m})
 	if err != nil {
 		return err
 	}

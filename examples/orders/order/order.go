@@ -66,7 +66,7 @@ func (s *Service) Place(ctx context.Context, o Order) (Order, error) {
 	}
 	w := s.Outbox
 	if w == nil {
-		w, _ = outbox.New()
+		w, _ = outbox.New(outbox.Config{})
 	}
 	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, customer, amount_cents) VALUES ($1, $2, $3)`,
