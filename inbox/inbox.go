@@ -121,7 +121,8 @@ type Config struct {
 	// the record is dead-lettered (default 5).
 	MaxAttempts int
 	// RetryBackoff is the first wait between attempts, doubled up to 5s
-	// (default 100ms).
+	// (default 100ms); each wait is drawn from the upper half of its
+	// nominal one, so that members retrying after one outage spread out.
 	RetryBackoff time.Duration
 	// TxTimeout is the deadline of each attempt's transaction, the handler
 	// included (default 30s). A handler cut by it has failed an attempt

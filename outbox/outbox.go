@@ -177,7 +177,7 @@ func WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]uuid.UUID, er
 	return defaultWriter.WriteSQL(ctx, tx, events...)
 }
 
-// maxRowsPerStatement keeps a multi-row INSERT well below PostgreSQL's
+// maxParams keeps a multi-row INSERT well below PostgreSQL's
 // 65535 bind parameters, whatever the number of extra columns.
 const maxParams = 60000
 
