@@ -5,15 +5,18 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox/internal/kafkaopt"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/relay/config"
 )
 
@@ -81,7 +84,7 @@ func checkPostgres(ctx context.Context, dsn string) error {
 			c.RuntimeParams["replication"] = "database"
 			what = "the replication connection"
 		}
-		conn, err := pgconn.ConnectConfig(ctx, c)
+		conn, err := connectPastResets(ctx, c)
 		if err != nil {
 			if msg := classifyPG(err, what, cfg.User); msg != "" {
 				return &badSetting{"OUTBOX_PG_DSN: " + config.RedactError(errors.New(msg), dsn)}
@@ -91,6 +94,37 @@ func checkPostgres(ctx context.Context, dsn string) error {
 		_ = conn.Close(ctx)
 	}
 	return nil
+}
+
+// resetWindow is how long a connection reset by the server is tried again
+// before it is taken for a server that does not answer yet.
+const resetWindow = 3 * time.Second
+
+// connectPastResets connects, trying again for up to resetWindow while the
+// server resets the connection. A server that refuses the client
+// certificate sends a TLS alert and closes; a client that writes its
+// startup message after the close reads a reset instead of the alert (seen
+// in about one start in three on a loaded machine), which alone would pass
+// for a transient failure and let the connector retry a setting that can
+// never work. A later attempt reads the alert.
+func connectPastResets(ctx context.Context, cfg *pgconn.Config) (*pgconn.PgConn, error) {
+	deadline := time.Now().Add(resetWindow)
+	wait := retry.New(50*time.Millisecond, 500*time.Millisecond)
+	for {
+		conn, err := pgconn.ConnectConfig(ctx, cfg)
+		if err == nil || !isReset(err) || time.Now().After(deadline) {
+			return conn, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait.NextBackOff()):
+		}
+	}
+}
+
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // classifyPG says what to change when err shows that the settings can
