@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/route/properties"
 )
 
 // option is one setting: its Debezium name, our flag and environment
@@ -264,10 +265,10 @@ func (c *Config) applyProperties(r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("read properties: %w", err)
 	}
-	p := parseJavaProperties(text)
+	p := properties.Parse(text)
 	all := map[string]string{}
-	for i, k := range p.keys {
-		all[k] = p.vals[i]
+	for i, k := range p.Keys {
+		all[k] = p.Values[i]
 	}
 	server := false
 	for k := range all {
@@ -305,7 +306,7 @@ func (c *Config) applyProperties(r io.Reader) error {
 			byDebezium[o.debezium] = o
 		}
 	}
-	for i, k := range p.keys {
+	for i, k := range p.Keys {
 		name, ok := strings.CutPrefix(k, prefix)
 		if prefix == "" || !ok {
 			// Bare option names count too (a file holding only the SMT's options).
@@ -315,7 +316,7 @@ func (c *Config) applyProperties(r io.Reader) error {
 			name = k
 		}
 		if o, known := byDebezium[name]; known {
-			if err := o.set(c, p.vals[i]); err != nil {
+			if err := o.set(c, p.Values[i]); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", k, err))
 			}
 			continue

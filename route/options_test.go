@@ -84,16 +84,6 @@ func TestParsePropertiesErrors(t *testing.T) {
 	}
 }
 
-func TestJavaProperties(t *testing.T) {
-	p := parseJavaProperties([]byte("! comment\n  a = 1\nb:2\nc 3\nd\\ e=f\\u0041\\\n   g\r\nh=\\\nempty=\nk=v\\\\\nz=\n"))
-	want := map[string]string{"a": "1", "b": "2", "c": "3", "d e": "fAg", "h": "empty=", "z": "", "k": `v\`}
-	for k, v := range want {
-		if got, ok := p.get(k); !ok || got != v {
-			t.Errorf("%q = %q, %v; want %q", k, got, ok, v)
-		}
-	}
-}
-
 // TestBindEnv: the routing settings come from a properties file, then the
 // environment over it, then flags over both; a secret comes from its
 // variable's _FILE form too (issue 15: it had none), and a malformed value

@@ -1,6 +1,10 @@
 package route
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/pgoutbox/pgoutbox/route/properties"
+)
 
 // traceContext reads the W3C trace context from the span context column,
 // which holds a java.util.Properties text (as Debezium's outbox extensions
@@ -12,12 +16,12 @@ import "bytes"
 // we have no span of our own, so the application's context goes out as is:
 // same trace id and flags, the application's span id as parent.
 func traceContext(text []byte) (traceparent, tracestate []byte, ok bool) {
-	props := parseJavaProperties(text)
-	tp, found := props.get("traceparent")
+	props := properties.Parse(text)
+	tp, found := props.Get("traceparent")
 	if !found || !validTraceparent(tp) {
 		return nil, nil, false
 	}
-	ts, _ := props.get("tracestate")
+	ts, _ := props.Get("tracestate")
 	return []byte(tp), []byte(ts), true
 }
 

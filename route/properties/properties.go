@@ -1,4 +1,9 @@
-package route
+// Package properties reads java.util.Properties text as Properties.load
+// does: Debezium's and Kafka Connect's configuration files, and the span
+// context column Debezium's outbox extensions write with Properties.store.
+// Keys keep their file order (a duplicate's last value wins in Get), so
+// that a setting a file gives twice is read as Java reads it.
+package properties
 
 import (
 	"strconv"
@@ -6,26 +11,29 @@ import (
 	"unicode/utf8"
 )
 
-// javaProps is a parsed java.util.Properties text, in file order.
-type javaProps struct {
-	keys, vals []string
+// Props is a parsed java.util.Properties text: Keys[i] has Values[i], in
+// file order.
+type Props struct {
+	Keys, Values []string
 }
 
-func (p *javaProps) get(k string) (string, bool) {
-	for i := len(p.keys) - 1; i >= 0; i-- { // the last one wins, as in Properties.load
-		if p.keys[i] == k {
-			return p.vals[i], true
+// Get is the value of k: the last one the text gives, as Properties.load
+// keeps it.
+func (p *Props) Get(k string) (string, bool) {
+	for i := len(p.Keys) - 1; i >= 0; i-- { // the last one wins, as in Properties.load
+		if p.Keys[i] == k {
+			return p.Values[i], true
 		}
 	}
 	return "", false
 }
 
-// parseJavaProperties reads text with the rules of Properties.load(Reader):
+// Parse reads text with the rules of Properties.load(Reader):
 // "#" and "!" comments, key and value split at the first unescaped '=', ':'
 // or white space, a trailing backslash continuing the line, and the
 // escapes \t \n \r \f \uXXXX.
-func parseJavaProperties(text []byte) *javaProps {
-	p := &javaProps{}
+func Parse(text []byte) *Props {
+	p := &Props{}
 	s := string(text)
 	for len(s) > 0 {
 		var line string
@@ -70,8 +78,8 @@ func parseJavaProperties(text []byte) *javaProps {
 			}
 			valueStart++
 		}
-		p.keys = append(p.keys, unescapeProp(line[:keyLen]))
-		p.vals = append(p.vals, unescapeProp(line[valueStart:]))
+		p.Keys = append(p.Keys, unescapeProp(line[:keyLen]))
+		p.Values = append(p.Values, unescapeProp(line[valueStart:]))
 	}
 	return p
 }
