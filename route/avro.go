@@ -119,13 +119,13 @@ func (e *avroEncoder) lookup(ctx context.Context, subject string) (*avroSchema, 
 // serializer's null); a bytea payload is taken to be Avro already framed
 // by the application (Debezium's documented BinaryDataConverter setup) and
 // goes out as it is.
-func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *Column, pv *dval, envSchema *cschema, envVal *dval) ([]byte, bool, error) {
+func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *Column, pv *Value, envSchema *Schema, envVal *Value) ([]byte, bool, error) {
 	if envSchema == nil {
-		switch pv.kind {
-		case dNull:
+		switch pv.Kind {
+		case KindNull:
 			return buf, true, nil
-		case dBytes:
-			return append(buf, pv.b...), false, nil
+		case KindBytes:
+			return append(buf, pv.Bytes...), false, nil
 		}
 	}
 	subject := strings.ReplaceAll(e.subject, "${topic}", topic)
@@ -134,24 +134,24 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 		return buf, false, err
 	}
 	var native any
-	if envSchema == nil && pv.kind == dStr && s.isString {
-		native = string(pv.b)
+	if envSchema == nil && pv.Kind == KindStr && s.isString {
+		native = string(pv.Bytes)
 	} else {
 		var text []byte
 		if envSchema == nil {
 			text = appendAvroJSON(nil, pc, nil, pv)
 		} else {
 			text = append(text, '{')
-			for i, f := range envSchema.fields {
+			for i, f := range envSchema.Fields {
 				if i > 0 {
 					text = append(text, ',')
 				}
-				text = appendJSONStr(text, f.name)
+				text = AppendJSONStr(text, f.Name)
 				text = append(text, ':')
 				if i == 0 {
-					text = appendAvroJSON(text, pc, nil, &envVal.list[0])
+					text = appendAvroJSON(text, pc, nil, &envVal.List[0])
 				} else {
-					text = appendAvroJSON(text, nil, f.schema, &envVal.list[i])
+					text = appendAvroJSON(text, nil, f.Schema, &envVal.List[i])
 				}
 			}
 			text = append(text, '}')
@@ -182,18 +182,18 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 // the record {"scale": int, "value": bytes}, a Decimal of known precision as
 // the bytes of its unscaled value (Avro's decimal logical type). Without
 // the declaration a numeric stays a JSON number (fits a double).
-func appendAvroJSON(dst []byte, c *Column, s *cschema, v *dval) []byte {
+func appendAvroJSON(dst []byte, c *Column, s *Schema, v *Value) []byte {
 	switch {
-	case v.kind == dStr && c != nil && kindOf(c.Type) == kJSON:
-		return append(dst, v.b...)
-	case v.kind == dBytes:
-		return appendAvroBytesJSON(dst, v.b)
-	case v.kind == dVarDec:
-		return appendVarDecimal(dst, v.dec, appendAvroBytesJSON)
-	case v.kind == dDec && s != nil && s.name == decimalSchemaName && s.hasParam(decimalPrecisionParam):
-		return appendAvroBytesJSON(dst, twosComplement(&v.dec.unscaled))
+	case v.Kind == KindStr && c != nil && kindOf(c.Type) == kJSON:
+		return append(dst, v.Bytes...)
+	case v.Kind == KindBytes:
+		return appendAvroBytesJSON(dst, v.Bytes)
+	case v.Kind == KindVarDec:
+		return AppendVarDecimal(dst, v.Dec, appendAvroBytesJSON)
+	case v.Kind == KindDec && s != nil && s.Name == decimalSchemaName && s.HasParam(decimalPrecisionParam):
+		return appendAvroBytesJSON(dst, TwosComplement(&v.Dec.Unscaled))
 	}
-	return appendValueJSON(dst, nil, v)
+	return AppendValueJSON(dst, nil, v)
 }
 
 // appendAvroBytesJSON writes bytes as Avro's JSON encoding does: a string

@@ -8,54 +8,57 @@ import (
 // A small model of Kafka Connect's data API (Schema, Struct), enough to
 // reproduce what the EventRouter builds and what the converters print.
 
-type ctype uint8
+type Type uint8
 
 const (
-	tString ctype = iota
-	tBytes
-	tBool
-	tInt8
-	tInt16
-	tInt32
-	tInt64
-	tFloat32
-	tFloat64
-	tStruct
-	tArray
+	TypeString Type = iota
+	TypeBytes
+	TypeBool
+	TypeInt8
+	TypeInt16
+	TypeInt32
+	TypeInt64
+	TypeFloat32
+	TypeFloat64
+	TypeStruct
+	TypeArray
 )
 
 var ctypeNames = [...]string{"string", "bytes", "boolean", "int8", "int16", "int32", "int64", "float", "double", "struct", "array"}
 
-// cschema is a Connect Schema.
-type cschema struct {
-	typ        ctype
-	optional   bool
-	hasName    bool
-	name       string
-	hasVersion bool
-	version    int32
-	doc        string
-	params     [][2]string
-	fields     []cfield // tStruct
-	items      *cschema // tArray
+// String is the type's name in a JSON schema (Schema.Type.getName()).
+func (t Type) String() string { return ctypeNames[t] }
+
+// Schema is a Connect Schema.
+type Schema struct {
+	Type        Type
+	Optional   bool
+	HasName    bool
+	Name       string
+	HasVersion bool
+	Version    int32
+	Doc        string
+	Params     [][2]string
+	Fields     []Field // tStruct
+	Items      *Schema // tArray
 }
 
-type cfield struct {
-	name   string
-	schema *cschema
+type Field struct {
+	Name   string
+	Schema *Schema
 }
 
-func (s *cschema) field(name string) int {
-	for i := range s.fields {
-		if s.fields[i].name == name {
+func (s *Schema) FieldIndex(name string) int {
+	for i := range s.Fields {
+		if s.Fields[i].Name == name {
 			return i
 		}
 	}
 	return -1
 }
 
-func (s *cschema) hasParam(name string) bool {
-	for _, p := range s.params {
+func (s *Schema) HasParam(name string) bool {
+	for _, p := range s.Params {
 		if p[0] == name {
 			return true
 		}
@@ -63,229 +66,229 @@ func (s *cschema) hasParam(name string) bool {
 	return false
 }
 
-// equal is ConnectSchema.equals.
-func (s *cschema) equal(o *cschema) bool {
+// Equal is ConnectSchema.equals.
+func (s *Schema) Equal(o *Schema) bool {
 	if s == o {
 		return true
 	}
 	if s == nil || o == nil {
 		return false
 	}
-	if s.typ != o.typ || s.optional != o.optional || s.hasName != o.hasName || s.name != o.name ||
-		s.hasVersion != o.hasVersion || s.version != o.version || s.doc != o.doc || len(s.params) != len(o.params) ||
-		len(s.fields) != len(o.fields) || !s.items.equal(o.items) {
+	if s.Type != o.Type || s.Optional != o.Optional || s.HasName != o.HasName || s.Name != o.Name ||
+		s.HasVersion != o.HasVersion || s.Version != o.Version || s.Doc != o.Doc || len(s.Params) != len(o.Params) ||
+		len(s.Fields) != len(o.Fields) || !s.Items.Equal(o.Items) {
 		return false
 	}
-	for i := range s.params {
-		if s.params[i] != o.params[i] {
+	for i := range s.Params {
+		if s.Params[i] != o.Params[i] {
 			return false
 		}
 	}
-	for i := range s.fields {
-		if s.fields[i].name != o.fields[i].name || !s.fields[i].schema.equal(o.fields[i].schema) {
+	for i := range s.Fields {
+		if s.Fields[i].Name != o.Fields[i].Name || !s.Fields[i].Schema.Equal(o.Fields[i].Schema) {
 			return false
 		}
 	}
 	return true
 }
 
-// dkind is the Java class of a Connect value.
-type dkind uint8
+// Kind is the Java class of a Connect value.
+type Kind uint8
 
 const (
-	dNull dkind = iota
-	dStr
-	dBytes
-	dBool
-	dI16
-	dI32
-	dI64
-	dF32
-	dF64
-	dDec
-	dVarDec // a VariableScaleDecimal Struct: dec, its trailing zeros stripped
-	dStruct
-	dList
+	KindNull Kind = iota
+	KindStr
+	KindBytes
+	KindBool
+	KindI16
+	KindI32
+	KindI64
+	KindF32
+	KindF64
+	KindDec
+	KindVarDec // a VariableScaleDecimal Struct: dec, its trailing zeros stripped
+	KindStruct
+	KindList
 )
 
-// dval is a Connect value.
-type dval struct {
-	kind dkind
-	b    []byte // dStr, dBytes
-	i    int64  // dI16, dI32, dI64, dBool (0/1)
-	f    float64
-	dec  *decimal // dDec, dVarDec
-	list []dval   // dStruct (in schema field order; unset fields are dNull), dList
+// Value is a Connect value.
+type Value struct {
+	Kind Kind
+	Bytes    []byte // dStr, dBytes
+	Int    int64  // dI16, dI32, dI64, dBool (0/1)
+	Float    float64
+	Dec  *Decimal // dDec, dVarDec
+	List []Value   // dStruct (in schema field order; unset fields are dNull), dList
 }
 
-// appendSchemaJSON writes a schema as JsonConverter.asJsonSchema does; with
+// AppendSchemaJSON writes a schema as JsonConverter.asJsonSchema does; with
 // field set, the struct-field form that ends in "field":name.
-func appendSchemaJSON(dst []byte, s *cschema, field string, isField bool) []byte {
+func AppendSchemaJSON(dst []byte, s *Schema, field string, isField bool) []byte {
 	if s == nil {
 		return append(dst, "null"...)
 	}
 	dst = append(dst, `{"type":"`...)
-	dst = append(dst, ctypeNames[s.typ]...)
+	dst = append(dst, ctypeNames[s.Type]...)
 	dst = append(dst, '"')
-	switch s.typ {
-	case tStruct:
+	switch s.Type {
+	case TypeStruct:
 		dst = append(dst, `,"fields":[`...)
-		for i, f := range s.fields {
+		for i, f := range s.Fields {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendSchemaJSON(dst, f.schema, f.name, true)
+			dst = AppendSchemaJSON(dst, f.Schema, f.Name, true)
 		}
 		dst = append(dst, ']')
-	case tArray:
+	case TypeArray:
 		dst = append(dst, `,"items":`...)
-		dst = appendSchemaJSON(dst, s.items, "", false)
+		dst = AppendSchemaJSON(dst, s.Items, "", false)
 	}
 	dst = append(dst, `,"optional":`...)
-	dst = strconv.AppendBool(dst, s.optional)
-	if s.hasName {
+	dst = strconv.AppendBool(dst, s.Optional)
+	if s.HasName {
 		dst = append(dst, `,"name":`...)
-		dst = appendJSONStr(dst, s.name)
+		dst = AppendJSONStr(dst, s.Name)
 	}
-	if s.hasVersion {
+	if s.HasVersion {
 		dst = append(dst, `,"version":`...)
-		dst = strconv.AppendInt(dst, int64(s.version), 10)
+		dst = strconv.AppendInt(dst, int64(s.Version), 10)
 	}
-	if s.doc != "" {
+	if s.Doc != "" {
 		dst = append(dst, `,"doc":`...)
-		dst = appendJSONStr(dst, s.doc)
+		dst = AppendJSONStr(dst, s.Doc)
 	}
-	if len(s.params) > 0 {
+	if len(s.Params) > 0 {
 		dst = append(dst, `,"parameters":{`...)
-		for i, p := range s.params {
+		for i, p := range s.Params {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendJSONStr(dst, p[0])
+			dst = AppendJSONStr(dst, p[0])
 			dst = append(dst, ':')
-			dst = appendJSONStr(dst, p[1])
+			dst = AppendJSONStr(dst, p[1])
 		}
 		dst = append(dst, '}')
 	}
 	if isField {
 		dst = append(dst, `,"field":`...)
-		dst = appendJSONStr(dst, field)
+		dst = AppendJSONStr(dst, field)
 	}
 	return append(dst, '}')
 }
 
-// appendValueJSON writes v as JsonConverter.convertToJson does (without the
+// AppendValueJSON writes v as JsonConverter.convertToJson does (without the
 // schema envelope). The schema drives logical types (Decimal as base64).
-func appendValueJSON(dst []byte, s *cschema, v *dval) []byte {
-	switch v.kind {
-	case dNull:
+func AppendValueJSON(dst []byte, s *Schema, v *Value) []byte {
+	switch v.Kind {
+	case KindNull:
 		return append(dst, "null"...)
-	case dStr:
-		return appendJSONString(dst, v.b)
-	case dBytes:
-		return appendBase64JSON(dst, v.b)
-	case dBool:
-		if v.i != 0 {
+	case KindStr:
+		return AppendJSONString(dst, v.Bytes)
+	case KindBytes:
+		return AppendBase64JSON(dst, v.Bytes)
+	case KindBool:
+		if v.Int != 0 {
 			return append(dst, "true"...)
 		}
 		return append(dst, "false"...)
-	case dI16, dI32, dI64:
-		return strconv.AppendInt(dst, v.i, 10)
-	case dF32:
-		return appendJSONDouble(dst, v.f, 32)
-	case dF64:
-		return appendJSONDouble(dst, v.f, 64)
-	case dDec:
-		if s != nil && s.hasName && s.name == decimalSchemaName {
+	case KindI16, KindI32, KindI64:
+		return strconv.AppendInt(dst, v.Int, 10)
+	case KindF32:
+		return AppendJSONDouble(dst, v.Float, 32)
+	case KindF64:
+		return AppendJSONDouble(dst, v.Float, 64)
+	case KindDec:
+		if s != nil && s.HasName && s.Name == decimalSchemaName {
 			// decimal.format=BASE64, JsonConverter's default.
-			return appendBase64JSON(dst, twosComplement(&v.dec.unscaled))
+			return AppendBase64JSON(dst, TwosComplement(&v.Dec.Unscaled))
 		}
 		// A BigDecimal with no Decimal schema: Jackson writes it as a number.
-		return appendJavaBigDecimal(dst, v.dec)
-	case dVarDec:
-		return appendVarDecimal(dst, v.dec, appendBase64JSON)
-	case dStruct:
+		return AppendJavaBigDecimal(dst, v.Dec)
+	case KindVarDec:
+		return AppendVarDecimal(dst, v.Dec, AppendBase64JSON)
+	case KindStruct:
 		dst = append(dst, '{')
-		for i := range v.list {
+		for i := range v.List {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			var fs *cschema
-			if s != nil && i < len(s.fields) {
-				fs = s.fields[i].schema
-				dst = appendJSONStr(dst, s.fields[i].name)
+			var fs *Schema
+			if s != nil && i < len(s.Fields) {
+				fs = s.Fields[i].Schema
+				dst = AppendJSONStr(dst, s.Fields[i].Name)
 			}
 			dst = append(dst, ':')
-			dst = appendValueJSON(dst, fs, &v.list[i])
+			dst = AppendValueJSON(dst, fs, &v.List[i])
 		}
 		return append(dst, '}')
-	case dList:
+	case KindList:
 		dst = append(dst, '[')
-		var is *cschema
+		var is *Schema
 		if s != nil {
-			is = s.items
+			is = s.Items
 		}
-		for i := range v.list {
+		for i := range v.List {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendValueJSON(dst, is, &v.list[i])
+			dst = AppendValueJSON(dst, is, &v.List[i])
 		}
 		return append(dst, ']')
 	}
 	return dst
 }
 
-// appendEnvelopeJSON writes JsonConverter's schemas.enable=true form.
-func appendEnvelopeJSON(dst []byte, s *cschema, v *dval) []byte {
+// AppendEnvelopeJSON writes JsonConverter's schemas.enable=true form.
+func AppendEnvelopeJSON(dst []byte, s *Schema, v *Value) []byte {
 	dst = append(dst, `{"schema":`...)
-	dst = appendSchemaJSON(dst, s, "", false)
+	dst = AppendSchemaJSON(dst, s, "", false)
 	dst = append(dst, `,"payload":`...)
-	dst = appendValueJSON(dst, s, v)
+	dst = AppendValueJSON(dst, s, v)
 	return append(dst, '}')
 }
 
-// appendValueString writes a scalar as Values.convertToString (Kafka
+// AppendValueString writes a scalar as Values.convertToString (Kafka
 // Connect's SimpleHeaderConverter) prints it; bytes are base64 there. With
 // rawBytes, bytes are written as they are (BinaryDataConverter), which is
 // what the string key and value formats do.
-func appendValueString(dst []byte, v *dval, rawBytes bool) []byte {
-	switch v.kind {
-	case dStr:
-		return append(dst, v.b...)
-	case dBytes:
+func AppendValueString(dst []byte, v *Value, rawBytes bool) []byte {
+	switch v.Kind {
+	case KindStr:
+		return append(dst, v.Bytes...)
+	case KindBytes:
 		if rawBytes {
-			return append(dst, v.b...)
+			return append(dst, v.Bytes...)
 		}
-		return base64.StdEncoding.AppendEncode(dst, v.b)
-	case dBool:
-		return strconv.AppendBool(dst, v.i != 0)
-	case dI16, dI32, dI64:
-		return strconv.AppendInt(dst, v.i, 10)
-	case dF32:
-		return appendJavaDouble(dst, v.f, 32)
-	case dF64:
-		return appendJavaDouble(dst, v.f, 64)
-	case dDec:
-		return appendJavaBigDecimal(dst, v.dec)
-	case dVarDec:
+		return base64.StdEncoding.AppendEncode(dst, v.Bytes)
+	case KindBool:
+		return strconv.AppendBool(dst, v.Int != 0)
+	case KindI16, KindI32, KindI64:
+		return strconv.AppendInt(dst, v.Int, 10)
+	case KindF32:
+		return AppendJavaDouble(dst, v.Float, 32)
+	case KindF64:
+		return AppendJavaDouble(dst, v.Float, 64)
+	case KindDec:
+		return AppendJavaBigDecimal(dst, v.Dec)
+	case KindVarDec:
 		// Values.append of a Struct: {"scale":1,"value":"fQ=="}, the same
 		// text as JSON for these two fields.
-		return appendVarDecimal(dst, v.dec, appendBase64JSON)
-	case dStruct, dList:
+		return AppendVarDecimal(dst, v.Dec, AppendBase64JSON)
+	case KindStruct, KindList:
 		// Not reachable from a column; JSON is the closest readable form.
-		return appendValueJSON(dst, nil, v)
+		return AppendValueJSON(dst, nil, v)
 	}
 	return dst
 }
 
-// appendVarDecimal writes a VariableScaleDecimal Struct as JsonConverter
+// AppendVarDecimal writes a VariableScaleDecimal Struct as JsonConverter
 // does, {"scale":1,"value":"fQ=="}: the scale, then the unscaled value's
 // bytes (BigInteger.toByteArray) written by bytesJSON.
-func appendVarDecimal(dst []byte, d *decimal, bytesJSON func([]byte, []byte) []byte) []byte {
+func AppendVarDecimal(dst []byte, d *Decimal, bytesJSON func([]byte, []byte) []byte) []byte {
 	dst = append(dst, `{"scale":`...)
-	dst = strconv.AppendInt(dst, int64(d.scale), 10)
+	dst = strconv.AppendInt(dst, int64(d.Scale), 10)
 	dst = append(dst, `,"value":`...)
-	dst = bytesJSON(dst, twosComplement(&d.unscaled))
+	dst = bytesJSON(dst, TwosComplement(&d.Unscaled))
 	return append(dst, '}')
 }

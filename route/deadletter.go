@@ -55,16 +55,16 @@ func deadLetter(row *Row, idField, intended string, cause error, dlqTopic string
 			val = append(val, ',')
 			types = append(types, ',')
 		}
-		val = appendJSONStr(val, c.Name)
+		val = AppendJSONStr(val, c.Name)
 		val = append(val, ':')
-		types = appendJSONStr(types, c.Name)
+		types = AppendJSONStr(types, c.Name)
 		types = append(types, ':')
 		types = strconv.AppendUint(types, uint64(c.Type), 10)
 		if c.Null {
 			val = append(val, "null"...)
 			continue
 		}
-		val = appendJSONString(val, c.Value)
+		val = AppendJSONString(val, c.Value)
 		if c.Name == idField && id == nil {
 			id = append([]byte{}, c.Value...)
 		}

@@ -370,12 +370,12 @@ type expander struct {
 }
 
 var (
-	optString  = &cschema{typ: tString, optional: true}
-	optBool    = &cschema{typ: tBool, optional: true}
-	optInt32   = &cschema{typ: tInt32, optional: true}
-	optInt64   = &cschema{typ: tInt64, optional: true}
-	optFloat64 = &cschema{typ: tFloat64, optional: true}
-	optBytes   = &cschema{typ: tBytes, optional: true}
+	optString  = &Schema{Type: TypeString, Optional: true}
+	optBool    = &Schema{Type: TypeBool, Optional: true}
+	optInt32   = &Schema{Type: TypeInt32, Optional: true}
+	optInt64   = &Schema{Type: TypeInt64, Optional: true}
+	optFloat64 = &Schema{Type: TypeFloat64, Optional: true}
+	optBytes   = &Schema{Type: TypeBytes, Optional: true}
 )
 
 // inferError is a ConnectException thrown while inferring the schema; the
@@ -385,7 +385,7 @@ type inferError struct{ msg string }
 func (e *inferError) Error() string { return e.msg }
 
 // schemaOf is JsonSchemaData.toConnectSchema; key nil is Java's null.
-func (x *expander) schemaOf(key *string, n *jnode) (*cschema, error) {
+func (x *expander) schemaOf(key *string, n *jnode) (*Schema, error) {
 	switch n.kind {
 	case jString:
 		return optString, nil
@@ -400,7 +400,7 @@ func (x *expander) schemaOf(key *string, n *jnode) (*cschema, error) {
 	case jArray:
 		if len(n.arr) == 0 {
 			if x.emptyArrayAsArray {
-				return &cschema{typ: tArray, optional: true, items: optString}, nil
+				return &Schema{Type: TypeArray, Optional: true, Items: optString}, nil
 			}
 			return nil, nil
 		}
@@ -408,11 +408,11 @@ func (x *expander) schemaOf(key *string, n *jnode) (*cschema, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &cschema{typ: tArray, optional: true, items: items}, nil
+		return &Schema{Type: TypeArray, Optional: true, Items: items}, nil
 	case jObject:
-		s := &cschema{typ: tStruct, optional: true}
+		s := &Schema{Type: TypeStruct, Optional: true}
 		if key != nil {
-			s.hasName, s.name = true, *key
+			s.HasName, s.Name = true, *key
 		}
 		for i, k := range n.keys {
 			fk := k
@@ -423,8 +423,8 @@ func (x *expander) schemaOf(key *string, n *jnode) (*cschema, error) {
 			if err != nil {
 				return nil, err
 			}
-			if fs != nil && s.field(k) < 0 {
-				s.fields = append(s.fields, cfield{name: k, schema: fs})
+			if fs != nil && s.FieldIndex(k) < 0 {
+				s.Fields = append(s.Fields, Field{Name: k, Schema: fs})
 			}
 		}
 		return s, nil
@@ -442,10 +442,10 @@ func sameNodeType(a, b *jnode) bool {
 }
 
 // arraySchema is JsonSchemaData.toConnectSchemaWithCycles.
-func (x *expander) arraySchema(key *string, n *jnode) (*cschema, error) {
+func (x *expander) arraySchema(key *string, n *jnode) (*Schema, error) {
 	// getFirstArrayElement: the first non-null element, all of one JSON type,
 	// numbers all of one Connect schema.
-	var sample, refSchema *cschema
+	var sample, refSchema *Schema
 	var ref *jnode
 	for _, e := range n.arr {
 		if e.kind == jNull {
@@ -470,7 +470,7 @@ func (x *expander) arraySchema(key *string, n *jnode) (*cschema, error) {
 		// The distinct schemas of the object elements, merged. Debezium
 		// iterates a HashSet whose order depends on the JVM run when the
 		// elements differ; first-seen order is one of its possible outputs.
-		var distinct []*cschema
+		var distinct []*Schema
 		for _, e := range n.arr {
 			if e.kind != jObject {
 				continue
@@ -481,7 +481,7 @@ func (x *expander) arraySchema(key *string, n *jnode) (*cschema, error) {
 			}
 			dup := false
 			for _, d := range distinct {
-				if d.equal(s) {
+				if d.Equal(s) {
 					dup = true
 					break
 				}
@@ -510,15 +510,15 @@ func (x *expander) arraySchema(key *string, n *jnode) (*cschema, error) {
 
 // mergeSchema is JsonSchemaData.mergeSchema; note that the merged schema
 // is not optional (SchemaUtil.copySchemaBasics does not copy optionality).
-func mergeSchema(left, right *cschema) *cschema {
+func mergeSchema(left, right *Schema) *Schema {
 	if left == nil {
 		return right
 	}
-	fields := append([]cfield(nil), left.fields...)
-	for _, f := range right.fields {
+	fields := append([]Field(nil), left.Fields...)
+	for _, f := range right.Fields {
 		i := -1
 		for j := range fields {
-			if fields[j].name == f.name {
+			if fields[j].Name == f.Name {
 				i = j
 				break
 			}
@@ -526,85 +526,85 @@ func mergeSchema(left, right *cschema) *cschema {
 		switch {
 		case i < 0:
 			fields = append(fields, f)
-		case !fields[i].schema.equal(f.schema) && fields[i].schema.typ == tBytes && f.schema.typ != tBytes:
+		case !fields[i].Schema.Equal(f.Schema) && fields[i].Schema.Type == TypeBytes && f.Schema.Type != TypeBytes:
 			fields[i] = f
 		}
 	}
-	return &cschema{typ: tStruct, hasName: left.hasName, name: left.name, hasVersion: left.hasVersion,
-		version: left.version, params: left.params, fields: fields}
+	return &Schema{Type: TypeStruct, HasName: left.HasName, Name: left.Name, HasVersion: left.HasVersion,
+		Version: left.Version, Params: left.Params, Fields: fields}
 }
 
 // structOf is JsonSchemaData.jsonNodeToStructInternal followed by the
 // validation Struct.put does.
-func structOf(n *jnode, s *cschema) (dval, error) {
-	if s == nil || s.typ != tStruct {
-		return dval{}, errors.New("not a struct schema")
+func structOf(n *jnode, s *Schema) (Value, error) {
+	if s == nil || s.Type != TypeStruct {
+		return Value{}, errors.New("not a struct schema")
 	}
-	v := dval{kind: dStruct, list: make([]dval, len(s.fields))}
-	for i, f := range s.fields {
-		c, ok := n.get(f.name)
+	v := Value{Kind: KindStruct, List: make([]Value, len(s.Fields))}
+	for i, f := range s.Fields {
+		c, ok := n.get(f.Name)
 		if !ok {
 			continue
 		}
-		fv, err := valueOf(c, f.schema)
+		fv, err := valueOf(c, f.Schema)
 		if err != nil {
-			return dval{}, err
+			return Value{}, err
 		}
-		if err := validate(f.schema, &fv); err != nil {
-			return dval{}, fmt.Errorf("field %q: %w", f.name, err)
+		if err := validate(f.Schema, &fv); err != nil {
+			return Value{}, fmt.Errorf("field %q: %w", f.Name, err)
 		}
-		v.list[i] = fv
+		v.List[i] = fv
 	}
 	return v, nil
 }
 
 // valueOf is JsonSchemaData.getStructFieldValue.
-func valueOf(n *jnode, s *cschema) (dval, error) {
+func valueOf(n *jnode, s *Schema) (Value, error) {
 	switch n.kind {
 	case jString:
-		return dval{kind: dStr, b: []byte(n.s)}, nil
+		return Value{Kind: KindStr, Bytes: []byte(n.s)}, nil
 	case jBool:
 		if n.b {
-			return dval{kind: dBool, i: 1}, nil
+			return Value{Kind: KindBool, Int: 1}, nil
 		}
-		return dval{kind: dBool}, nil
+		return Value{Kind: KindBool}, nil
 	case jDouble:
-		return dval{kind: dF64, f: n.f}, nil
+		return Value{Kind: KindF64, Float: n.f}, nil
 	case jInt:
-		return dval{kind: dI32, i: n.i}, nil
+		return Value{Kind: KindI32, Int: n.i}, nil
 	case jLong:
-		return dval{kind: dI64, i: n.i}, nil
+		return Value{Kind: KindI64, Int: n.i}, nil
 	case jBigInt:
-		d, _ := parseDecimal([]byte(n.s))
-		return dval{kind: dDec, dec: d}, nil
+		d, _ := ParseDecimal([]byte(n.s))
+		return Value{Kind: KindDec, Dec: d}, nil
 	case jArray:
-		var items *cschema
-		if s != nil && s.typ == tArray {
-			items = s.items
+		var items *Schema
+		if s != nil && s.Type == TypeArray {
+			items = s.Items
 		}
-		out := dval{kind: dList, list: make([]dval, len(n.arr))}
+		out := Value{Kind: KindList, List: make([]Value, len(n.arr))}
 		for i, e := range n.arr {
 			ev, err := valueOf(e, items)
 			if err != nil {
-				return dval{}, err
+				return Value{}, err
 			}
-			out.list[i] = ev
+			out.List[i] = ev
 		}
 		return out, nil
 	case jObject:
 		return structOf(n, s)
 	}
-	return dval{kind: dNull}, nil
+	return Value{Kind: KindNull}, nil
 }
 
 // javaClassOf is the value class ConnectSchema.validateValue expects.
-var javaClassOf = [...]dkind{tString: dStr, tBytes: dBytes, tBool: dBool, tInt8: dI16, tInt16: dI16, tInt32: dI32,
-	tInt64: dI64, tFloat32: dF32, tFloat64: dF64, tStruct: dStruct, tArray: dList}
+var javaClassOf = [...]Kind{TypeString: KindStr, TypeBytes: KindBytes, TypeBool: KindBool, TypeInt8: KindI16, TypeInt16: KindI16, TypeInt32: KindI32,
+	TypeInt64: KindI64, TypeFloat32: KindF32, TypeFloat64: KindF64, TypeStruct: KindStruct, TypeArray: KindList}
 
 // validate is ConnectSchema.validateValue.
-func validate(s *cschema, v *dval) error {
-	if v.kind == dNull {
-		if s == nil || !s.optional {
+func validate(s *Schema, v *Value) error {
+	if v.Kind == KindNull {
+		if s == nil || !s.Optional {
 			return errors.New("null value for a required field")
 		}
 		return nil
@@ -612,12 +612,12 @@ func validate(s *cschema, v *dval) error {
 	if s == nil {
 		return errors.New("no schema")
 	}
-	if v.kind != javaClassOf[s.typ] {
-		return fmt.Errorf("invalid Java object for schema type %s", strings.ToUpper(ctypeNames[s.typ]))
+	if v.Kind != javaClassOf[s.Type] {
+		return fmt.Errorf("invalid Java object for schema type %s", strings.ToUpper(s.Type.String()))
 	}
-	if s.typ == tArray {
-		for i := range v.list {
-			if err := validate(s.items, &v.list[i]); err != nil {
+	if s.Type == TypeArray {
+		for i := range v.List {
+			if err := validate(s.Items, &v.List[i]); err != nil {
 				return err
 			}
 		}
@@ -635,21 +635,21 @@ const (
 )
 
 // expand runs the EventRouter's expansion of a string payload.
-func (x *expander) expand(payload []byte, field string) (expandResult, *cschema, dval) {
+func (x *expander) expand(payload []byte, field string) (expandResult, *Schema, Value) {
 	if len(payload) == 0 || payload[0] != '{' && payload[0] != '[' {
-		return expandKept, nil, dval{}
+		return expandKept, nil, Value{}
 	}
 	n, err := parseJSONTree(payload)
 	if err != nil {
-		return expandKept, nil, dval{}
+		return expandKept, nil, Value{}
 	}
 	s, err := x.schemaOf(&field, n)
 	if err != nil {
-		return expandKept, nil, dval{}
+		return expandKept, nil, Value{}
 	}
 	v, err := structOf(n, s)
 	if err != nil {
-		return expandBroken, s, dval{}
+		return expandBroken, s, Value{}
 	}
 	return expandDone, s, v
 }

@@ -14,11 +14,11 @@ import (
 
 const hexUpper = "0123456789ABCDEF"
 
-// appendJSONString writes s as a JSON string the way Jackson does: only '"',
+// AppendJSONString writes s as a JSON string the way Jackson does: only '"',
 // '\\' and control characters are escaped, short forms for \b \t \n \f \r and
 // \u00XX (upper-case hex) for the rest; everything else is raw UTF-8.
 // Invalid UTF-8 becomes U+FFFD, as decoding into a Java String does.
-func appendJSONString(dst []byte, s []byte) []byte {
+func AppendJSONString(dst []byte, s []byte) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -63,15 +63,15 @@ func appendJSONString(dst []byte, s []byte) []byte {
 	return append(dst, '"')
 }
 
-func appendJSONStr(dst []byte, s string) []byte {
-	return appendJSONString(dst, []byte(s))
+func AppendJSONStr(dst []byte, s string) []byte {
+	return AppendJSONString(dst, []byte(s))
 }
 
-// appendJavaDouble writes f as Java's Double.toString (bits 64) or
+// AppendJavaDouble writes f as Java's Double.toString (bits 64) or
 // Float.toString (bits 32) prints it (JDK 19 and later: the shortest decimal
 // that rounds to f, at least two digits when one would do and two are
 // closer).
-func appendJavaDouble(dst []byte, f float64, bits int) []byte {
+func AppendJavaDouble(dst []byte, f float64, bits int) []byte {
 	switch {
 	case math.IsNaN(f):
 		return append(dst, "NaN"...)
@@ -142,64 +142,64 @@ func splitSci(s []byte) ([]byte, int) {
 	return digits, e
 }
 
-// appendJSONDouble writes a double as Jackson does: Java's toString, and
+// AppendJSONDouble writes a double as Jackson does: Java's toString, and
 // non-finite values quoted (QUOTE_NON_NUMERIC_NUMBERS is on by default).
-func appendJSONDouble(dst []byte, f float64, bits int) []byte {
+func AppendJSONDouble(dst []byte, f float64, bits int) []byte {
 	if math.IsNaN(f) || math.IsInf(f, 0) {
 		dst = append(dst, '"')
-		dst = appendJavaDouble(dst, f, bits)
+		dst = AppendJavaDouble(dst, f, bits)
 		return append(dst, '"')
 	}
-	return appendJavaDouble(dst, f, bits)
+	return AppendJavaDouble(dst, f, bits)
 }
 
-// decimal is a java.math.BigDecimal: unscaled × 10^-scale.
-type decimal struct {
-	unscaled big.Int
-	scale    int32
+// Decimal is a java.math.BigDecimal: unscaled × 10^-scale.
+type Decimal struct {
+	Unscaled big.Int
+	Scale    int32
 }
 
 var bigTen = big.NewInt(10)
 
-// setScale is BigDecimal.setScale(scale) without rounding; false when digits
+// SetScale is BigDecimal.SetScale(scale) without rounding; false when digits
 // would be lost (Java's ArithmeticException).
-func (d *decimal) setScale(scale int32) bool {
-	if scale == d.scale {
+func (d *Decimal) SetScale(scale int32) bool {
+	if scale == d.Scale {
 		return true
 	}
-	if scale > d.scale {
-		f := new(big.Int).Exp(bigTen, big.NewInt(int64(scale-d.scale)), nil)
-		d.unscaled.Mul(&d.unscaled, f)
-		d.scale = scale
+	if scale > d.Scale {
+		f := new(big.Int).Exp(bigTen, big.NewInt(int64(scale-d.Scale)), nil)
+		d.Unscaled.Mul(&d.Unscaled, f)
+		d.Scale = scale
 		return true
 	}
-	f := new(big.Int).Exp(bigTen, big.NewInt(int64(d.scale-scale)), nil)
-	q, r := new(big.Int).QuoRem(&d.unscaled, f, new(big.Int))
+	f := new(big.Int).Exp(bigTen, big.NewInt(int64(d.Scale-scale)), nil)
+	q, r := new(big.Int).QuoRem(&d.Unscaled, f, new(big.Int))
 	if r.Sign() != 0 {
 		return false
 	}
-	d.unscaled.Set(q)
-	d.scale = scale
+	d.Unscaled.Set(q)
+	d.Scale = scale
 	return true
 }
 
-// stripTrailingZeros is BigDecimal.stripTrailingZeros followed by
+// StripTrailingZeros is BigDecimal.StripTrailingZeros followed by
 // setScale(0) when the scale went negative: trailing zeros come off the
 // fraction only (12.50 is 12.5, 100 stays 100, 0.000 is 0).
-func (d *decimal) stripTrailingZeros() {
+func (d *Decimal) StripTrailingZeros() {
 	var q, r big.Int
-	for d.scale > 0 {
-		q.QuoRem(&d.unscaled, bigTen, &r)
+	for d.Scale > 0 {
+		q.QuoRem(&d.Unscaled, bigTen, &r)
 		if r.Sign() != 0 {
 			break
 		}
-		d.unscaled.Set(&q)
-		d.scale--
+		d.Unscaled.Set(&q)
+		d.Scale--
 	}
 }
 
-// parseDecimal parses PostgreSQL's numeric output ("-12.340").
-func parseDecimal(s []byte) (*decimal, bool) {
+// ParseDecimal parses PostgreSQL's numeric output ("-12.340").
+func ParseDecimal(s []byte) (*Decimal, bool) {
 	if len(s) == 0 {
 		return nil, false
 	}
@@ -231,24 +231,24 @@ func parseDecimal(s []byte) (*decimal, bool) {
 	if scale < 0 {
 		scale = 0
 	}
-	d := &decimal{scale: scale}
-	d.unscaled.SetString(string(digits), 10)
+	d := &Decimal{Scale: scale}
+	d.Unscaled.SetString(string(digits), 10)
 	if neg {
-		d.unscaled.Neg(&d.unscaled)
+		d.Unscaled.Neg(&d.Unscaled)
 	}
 	return d, true
 }
 
-// appendJavaBigDecimal writes d as BigDecimal.toString does.
-func appendJavaBigDecimal(dst []byte, d *decimal) []byte {
-	coeff := d.unscaled.String()
+// AppendJavaBigDecimal writes d as BigDecimal.toString does.
+func AppendJavaBigDecimal(dst []byte, d *Decimal) []byte {
+	coeff := d.Unscaled.String()
 	if coeff[0] == '-' {
 		dst = append(dst, '-')
 		coeff = coeff[1:]
 	}
-	adjusted := -int64(d.scale) + int64(len(coeff)-1)
-	if d.scale >= 0 && adjusted >= -6 {
-		sc := int(d.scale)
+	adjusted := -int64(d.Scale) + int64(len(coeff)-1)
+	if d.Scale >= 0 && adjusted >= -6 {
+		sc := int(d.Scale)
 		switch {
 		case sc == 0:
 			return append(dst, coeff...)
@@ -276,9 +276,9 @@ func appendJavaBigDecimal(dst []byte, d *decimal) []byte {
 	return strconv.AppendInt(dst, adjusted, 10)
 }
 
-// twosComplement is BigInteger.toByteArray: the shortest big-endian two's
+// TwosComplement is BigInteger.toByteArray: the shortest big-endian two's
 // complement form, as Kafka Connect's Decimal logical type stores it.
-func twosComplement(x *big.Int) []byte {
+func TwosComplement(x *big.Int) []byte {
 	if x.Sign() >= 0 {
 		b := x.Bytes()
 		if len(b) == 0 || b[0]&0x80 != 0 {
@@ -298,7 +298,7 @@ func twosComplement(x *big.Int) []byte {
 	return b
 }
 
-func appendBase64JSON(dst []byte, b []byte) []byte {
+func AppendBase64JSON(dst []byte, b []byte) []byte {
 	dst = append(dst, '"')
 	dst = base64.StdEncoding.AppendEncode(dst, b)
 	return append(dst, '"')

@@ -24,7 +24,7 @@ func TestJavaDouble(t *testing.T) {
 		{math.Inf(1), 64, "Infinity"}, {math.NaN(), 64, "NaN"}, {float64(float32(0.1)), 32, "0.1"}, {float64(float32(3.4e38)), 32, "3.4E38"},
 		{float64(math.SmallestNonzeroFloat32), 32, "1.4E-45"},
 	} {
-		if got := string(appendJavaDouble(nil, c.f, c.bits)); got != c.want {
+		if got := string(AppendJavaDouble(nil, c.f, c.bits)); got != c.want {
 			t.Errorf("%v/%d: %s, want %s", c.f, c.bits, got, c.want)
 		}
 	}
@@ -32,21 +32,21 @@ func TestJavaDouble(t *testing.T) {
 
 func TestBigDecimal(t *testing.T) {
 	for in, want := range map[string]string{"12.50": "12.50", "0.00": "0.00", "-0.0000001": "-1E-7", "0.000001": "0.000001", "100": "100", "-3.14": "-3.14"} {
-		d, ok := parseDecimal([]byte(in))
-		if !ok || string(appendJavaBigDecimal(nil, d)) != want {
-			t.Errorf("%s: %s", in, appendJavaBigDecimal(nil, d))
+		d, ok := ParseDecimal([]byte(in))
+		if !ok || string(AppendJavaBigDecimal(nil, d)) != want {
+			t.Errorf("%s: %s", in, AppendJavaBigDecimal(nil, d))
 		}
 	}
 	for in, want := range map[int64]string{0: "00", 127: "7f", 128: "0080", -1: "ff", -128: "80", -129: "ff7f", 12345: "3039"} {
-		d, _ := parseDecimal([]byte(strings.TrimSpace(strings.Repeat(" ", 0) + itoa(in))))
-		if got := hexs(twosComplement(&d.unscaled)); got != want {
+		d, _ := ParseDecimal([]byte(strings.TrimSpace(strings.Repeat(" ", 0) + itoa(in))))
+		if got := hexs(TwosComplement(&d.Unscaled)); got != want {
 			t.Errorf("%d: %s, want %s", in, got, want)
 		}
 	}
 }
 
 func itoa(i int64) string {
-	return strings.TrimSpace(string(appendJavaBigDecimal(nil, &decimal{unscaled: *bigInt(i)})))
+	return strings.TrimSpace(string(AppendJavaBigDecimal(nil, &Decimal{Unscaled: *bigInt(i)})))
 }
 
 func hexs(b []byte) string {
@@ -218,15 +218,15 @@ func TestNumericScale(t *testing.T) {
 		{"0.000", "0/0", 0, "0/0", 0, 0, 0, false}, // 0: invalid, not a declaration
 		{"0.0000001", "1/7", 7, "1/7", 4, 0, 0, false},
 	} {
-		d, _ := parseDecimal([]byte(c.in))
-		d.stripTrailingZeros()
-		if got := d.unscaled.String() + "/" + itoa(int64(d.scale)); got != c.strip {
+		d, _ := ParseDecimal([]byte(c.in))
+		d.StripTrailingZeros()
+		if got := d.Unscaled.String() + "/" + itoa(int64(d.Scale)); got != c.strip {
 			t.Errorf("%s stripped: %s, want %s", c.in, got, c.strip)
 		}
-		d, _ = parseDecimal([]byte(c.in))
+		d, _ = ParseDecimal([]byte(c.in))
 		got := ""
-		if d.setScale(c.setTo) {
-			got = d.unscaled.String() + "/" + itoa(int64(d.scale))
+		if d.SetScale(c.setTo) {
+			got = d.Unscaled.String() + "/" + itoa(int64(d.Scale))
 		}
 		if got != c.set {
 			t.Errorf("%s setScale(%d): %q, want %q", c.in, c.setTo, got, c.set)

@@ -148,12 +148,12 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		if c := row.Lookup(cfg.TracingSpanContextField); c != nil && !c.Null && isStringKind(kindOf(c.Type)) {
 			if tp, ts, ok := traceContext(c.Value); ok {
 				var err error
-				hdrs, buf, err = r.addHeader(hdrs, buf, "traceparent", nil, stringSchemaRequired, &dval{kind: dStr, b: tp})
+				hdrs, buf, err = r.addHeader(hdrs, buf, "traceparent", nil, stringSchemaRequired, &Value{Kind: KindStr, Bytes: tp})
 				if err != nil {
 					return nil, topic, err
 				}
 				if len(ts) > 0 {
-					hdrs, buf, _ = r.addHeader(hdrs, buf, "tracestate", nil, stringSchemaRequired, &dval{kind: dStr, b: ts})
+					hdrs, buf, _ = r.addHeader(hdrs, buf, "tracestate", nil, stringSchemaRequired, &Value{Kind: KindStr, Bytes: ts})
 				}
 			}
 		}
@@ -185,15 +185,15 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	}
 	// The payload's schema matters only to the JSON formats, envelopes and
 	// expansion; the default path does without.
-	var ps *cschema
+	var ps *Schema
 	if cfg.ValueFormat != FormatString || r.envelope || cfg.ExpandJSONPayload {
 		ps = colSchema(payloadCol, !r.required[payloadCol.Name], &pv)
 	}
 	exp := expandKept
-	if cfg.ExpandJSONPayload && cfg.ValueFormat != FormatAvro && pv.kind == dStr {
-		var es *cschema
-		var ev dval
-		exp, es, ev = r.x.expand(pv.b, cfg.FieldPayload)
+	if cfg.ExpandJSONPayload && cfg.ValueFormat != FormatAvro && pv.Kind == KindStr {
+		var es *Schema
+		var ev Value
+		exp, es, ev = r.x.expand(pv.Bytes, cfg.FieldPayload)
 		switch exp {
 		case expandDone:
 			ps, pv = es, ev
@@ -205,8 +205,8 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	routeCol := row.Lookup(cfg.RouteByField)
 
 	// The envelope: payload, then the envelope fields in configured order.
-	var envSchema *cschema
-	var envVal dval
+	var envSchema *Schema
+	var envVal Value
 	if r.envelope {
 		if err := checkRouteBy(routeCol, cfg.RouteByField); err != nil {
 			return nil, topic, err
@@ -214,7 +214,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		if ps == nil {
 			return nil, topic, errorf(ClassInvalidPayload, nil, "fieldSchema for field payload cannot be null (an empty JSON array payload expanded)")
 		}
-		envSchema = &cschema{typ: tStruct, hasName: true, name: r.envelopeName(row, routeCol.Value)}
+		envSchema = &Schema{Type: TypeStruct, HasName: true, Name: r.envelopeName(row, routeCol.Value)}
 		if cfg.FieldSchemaVersion != "" {
 			vc := row.Lookup(cfg.FieldSchemaVersion)
 			if vc == nil {
@@ -228,11 +228,11 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 				if err != nil {
 					return nil, topic, errorf(ClassInvalidPayload, err, "schema version")
 				}
-				envSchema.hasVersion, envSchema.version = true, int32(v.i)
+				envSchema.HasVersion, envSchema.Version = true, int32(v.Int)
 			}
 		}
-		envSchema.fields = append(envSchema.fields, cfield{name: "payload", schema: ps})
-		envVal = dval{kind: dStruct, list: []dval{pv}}
+		envSchema.Fields = append(envSchema.Fields, Field{Name: "payload", Schema: ps})
+		envVal = Value{Kind: KindStruct, List: []Value{pv}}
 		if exp == expandBroken {
 			return nil, topic, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it")
 		}
@@ -251,12 +251,12 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 			if err != nil {
 				return nil, topic, errorf(ClassInvalidPayload, err, "envelope field %s", f.Alias)
 			}
-			if i := envSchema.field(f.Alias); i >= 0 {
+			if i := envSchema.FieldIndex(f.Alias); i >= 0 {
 				// SchemaBuilder refuses a duplicate field name.
 				return nil, topic, errorf(ClassInvalidPayload, nil, "Cannot create field because of field name duplication %s", f.Alias)
 			}
-			envSchema.fields = append(envSchema.fields, cfield{name: f.Alias, schema: colSchema(c, !r.required[c.Name], &v)})
-			envVal.list = append(envVal.list, v)
+			envSchema.Fields = append(envSchema.Fields, Field{Name: f.Alias, Schema: colSchema(c, !r.required[c.Name], &v)})
+			envVal.List = append(envVal.List, v)
 		}
 	}
 
@@ -290,10 +290,10 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 				if err != nil {
 					return nil, topic, errorf(ClassInvalidPayload, err, "partition")
 				}
-				if v.i < 0 {
-					return nil, topic, errorf(ClassInvalidPayload, nil, "partition %d is negative", v.i)
+				if v.Int < 0 {
+					return nil, topic, errorf(ClassInvalidPayload, nil, "partition %d is negative", v.Int)
 				}
-				partition = int32(v.i)
+				partition = int32(v.Int)
 			}
 		}
 	}
@@ -308,7 +308,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	}
 
 	// The value.
-	tombstone := cfg.TombstoneOnEmptyPayload && (pv.kind == dNull || pv.kind == dStr && javaTrimEmpty(pv.b))
+	tombstone := cfg.TombstoneOnEmptyPayload && (pv.Kind == KindNull || pv.Kind == KindStr && javaTrimEmpty(pv.Bytes))
 	var val span
 	switch {
 	case tombstone:
@@ -344,14 +344,14 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		key.off = len(buf)
 		switch cfg.KeyFormat {
 		case FormatJSON:
-			buf = appendValueJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
+			buf = AppendValueJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
 			key.null = false
 		case FormatJSONSchema:
-			buf = appendEnvelopeJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
+			buf = AppendEnvelopeJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
 			key.null = false
 		default:
-			if kv.kind != dNull {
-				buf = appendValueString(buf, &kv, true)
+			if kv.Kind != KindNull {
+				buf = AppendValueString(buf, &kv, true)
 				key.null = false
 			}
 		}
@@ -428,30 +428,30 @@ func (r *Router) envelopeName(row *Row, routedBy []byte) string {
 	return r.cfg.TopicPrefix + "." + table + "." + string(routedBy) + ".Value"
 }
 
-var stringSchemaRequired = &cschema{typ: tString}
+var stringSchemaRequired = &Schema{Type: TypeString}
 
 // addHeader encodes one header with the header converter; the schema is
 // s, or column c's.
-func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s *cschema, v *dval) ([]hdrSpan, []byte, error) {
+func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s *Schema, v *Value) ([]hdrSpan, []byte, error) {
 	sp := span{off: len(buf)}
 	if s == nil && r.cfg.HeaderFormat != FormatString {
 		s = colSchema(c, !r.required[c.Name], v)
 	}
 	switch r.cfg.HeaderFormat {
 	case FormatJSON:
-		buf = appendValueJSON(buf, s, v)
+		buf = AppendValueJSON(buf, s, v)
 	case FormatJSONSchema:
-		buf = appendEnvelopeJSON(buf, s, v)
+		buf = AppendEnvelopeJSON(buf, s, v)
 	default:
 		// SimpleHeaderConverter: null stays null. Kafka Connect keeps such a
 		// header; Debezium Server's engine drops it.
-		if v.kind == dNull {
+		if v.Kind == KindNull {
 			if r.cfg.Runtime == RuntimeServer {
 				return hdrs, buf, nil
 			}
 			sp.null = true
 		} else {
-			buf = appendValueString(buf, v, false)
+			buf = AppendValueString(buf, v, false)
 		}
 	}
 	sp.end = len(buf)
@@ -460,7 +460,7 @@ func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s 
 
 // appendValue encodes the value with a JSON or string converter; null
 // reports a Kafka null.
-func (r *Router) appendValue(buf []byte, exp expandResult, ps *cschema, pv *dval, envSchema *cschema, envVal *dval) ([]byte, bool, error) {
+func (r *Router) appendValue(buf []byte, exp expandResult, ps *Schema, pv *Value, envSchema *Schema, envVal *Value) ([]byte, bool, error) {
 	f := r.cfg.ValueFormat
 	structured := envSchema != nil || exp == expandDone
 	if envSchema == nil {
@@ -472,23 +472,23 @@ func (r *Router) appendValue(buf []byte, exp expandResult, ps *cschema, pv *dval
 	case f == FormatJSONSchema:
 		if exp == expandBroken && ps == nil {
 			buf = append(buf, `{"schema":null,"payload":`...)
-			buf = appendJSONString(buf, pv.b)
+			buf = AppendJSONString(buf, pv.Bytes)
 			return append(buf, '}'), false, nil
 		}
-		return appendEnvelopeJSON(buf, envSchema, envVal), false, nil
+		return AppendEnvelopeJSON(buf, envSchema, envVal), false, nil
 	case f == FormatJSON || structured:
 		// StringConverter would print Struct.toString() here; we write what
 		// JsonConverter (schemas.enable=false) writes instead.
 		if exp == expandBroken && ps == nil {
-			return appendJSONString(buf, pv.b), false, nil
+			return AppendJSONString(buf, pv.Bytes), false, nil
 		}
-		return appendValueJSON(buf, envSchema, envVal), false, nil
+		return AppendValueJSON(buf, envSchema, envVal), false, nil
 	}
 	// StringConverter for text, BinaryDataConverter for bytes.
-	if pv.kind == dNull {
+	if pv.Kind == KindNull {
 		return buf, true, nil
 	}
-	return appendValueString(buf, pv, true), false, nil
+	return AppendValueString(buf, pv, true), false, nil
 }
 
 // javaTrimEmpty reports whether String.trim() of s is empty: every char is

@@ -100,43 +100,43 @@ func isStringKind(k colKind) bool {
 }
 
 // schemas of plain columns, [kind][optional]; built once.
-var colSchemas [kTime + 1][2]*cschema
+var colSchemas [kTime + 1][2]*Schema
 
 // varScaleSchemas are io.debezium.data.VariableScaleDecimal's struct schema
 // (VariableScaleDecimal.builder), [optional]: an unconstrained numeric.
-var varScaleSchemas [2]*cschema
+var varScaleSchemas [2]*Schema
 
 func init() {
-	mk := func(t ctype, name string) [2]*cschema {
-		var out [2]*cschema
+	mk := func(t Type, name string) [2]*Schema {
+		var out [2]*Schema
 		for o := 0; o < 2; o++ {
-			s := &cschema{typ: t, optional: o == 1}
+			s := &Schema{Type: t, Optional: o == 1}
 			if name != "" {
-				s.hasName, s.name, s.hasVersion, s.version = true, name, true, 1
+				s.HasName, s.Name, s.HasVersion, s.Version = true, name, true, 1
 			}
 			out[o] = s
 		}
 		return out
 	}
-	colSchemas[kString] = mk(tString, "")
-	colSchemas[kJSON] = mk(tString, jsonSchemaName)
-	colSchemas[kUUID] = mk(tString, uuidSchemaName)
-	colSchemas[kXML] = mk(tString, xmlSchemaName)
-	colSchemas[kBool] = mk(tBool, "")
-	colSchemas[kInt16] = mk(tInt16, "")
-	colSchemas[kInt32] = mk(tInt32, "")
-	colSchemas[kInt64] = mk(tInt64, "")
-	colSchemas[kFloat32] = mk(tFloat32, "")
-	colSchemas[kFloat64] = mk(tFloat64, "")
-	colSchemas[kBytea] = mk(tBytes, "")
-	colSchemas[kTimestamp] = mk(tInt64, microTimestampName)
-	colSchemas[kTimestamptz] = mk(tString, zonedTimestampName)
-	colSchemas[kDate] = mk(tInt32, dateSchemaName)
-	colSchemas[kTime] = mk(tInt64, microTimeSchemaName)
+	colSchemas[kString] = mk(TypeString, "")
+	colSchemas[kJSON] = mk(TypeString, jsonSchemaName)
+	colSchemas[kUUID] = mk(TypeString, uuidSchemaName)
+	colSchemas[kXML] = mk(TypeString, xmlSchemaName)
+	colSchemas[kBool] = mk(TypeBool, "")
+	colSchemas[kInt16] = mk(TypeInt16, "")
+	colSchemas[kInt32] = mk(TypeInt32, "")
+	colSchemas[kInt64] = mk(TypeInt64, "")
+	colSchemas[kFloat32] = mk(TypeFloat32, "")
+	colSchemas[kFloat64] = mk(TypeFloat64, "")
+	colSchemas[kBytea] = mk(TypeBytes, "")
+	colSchemas[kTimestamp] = mk(TypeInt64, microTimestampName)
+	colSchemas[kTimestamptz] = mk(TypeString, zonedTimestampName)
+	colSchemas[kDate] = mk(TypeInt32, dateSchemaName)
+	colSchemas[kTime] = mk(TypeInt64, microTimeSchemaName)
 	for o := 0; o < 2; o++ {
-		varScaleSchemas[o] = &cschema{typ: tStruct, optional: o == 1, hasName: true, name: varScaleDecimalName,
-			hasVersion: true, version: 1, doc: "Variable scaled decimal",
-			fields: []cfield{{name: "scale", schema: colSchemas[kInt32][0]}, {name: "value", schema: colSchemas[kBytea][0]}}}
+		varScaleSchemas[o] = &Schema{Type: TypeStruct, Optional: o == 1, HasName: true, Name: varScaleDecimalName,
+			HasVersion: true, Version: 1, Doc: "Variable scaled decimal",
+			Fields: []Field{{Name: "scale", Schema: colSchemas[kInt32][0]}, {Name: "value", Schema: colSchemas[kBytea][0]}}}
 	}
 }
 
@@ -150,8 +150,8 @@ func init() {
 // precision, a VariableScaleDecimal. When the declaration is unknown
 // (Column.HasTypeMod unset) it is a Decimal of the value's own scale,
 // without precision.
-func colSchema(c *Column, optional bool, v *dval) *cschema {
-	if v != nil && v.kind == dNull {
+func colSchema(c *Column, optional bool, v *Value) *Schema {
+	if v != nil && v.Kind == KindNull {
 		optional = true
 	}
 	o := 0
@@ -168,96 +168,96 @@ func colSchema(c *Column, optional bool, v *dval) *cschema {
 			return varScaleSchemas[o]
 		} else {
 			scale := int32(0)
-			if v != nil && v.kind == dDec {
-				scale = v.dec.scale
+			if v != nil && v.Kind == KindDec {
+				scale = v.Dec.Scale
 			}
 			params = [][2]string{{"scale", strconv.Itoa(int(scale))}}
 		}
-		return &cschema{typ: tBytes, optional: optional, hasName: true, name: decimalSchemaName, hasVersion: true, version: 1, params: params}
+		return &Schema{Type: TypeBytes, Optional: optional, HasName: true, Name: decimalSchemaName, HasVersion: true, Version: 1, Params: params}
 	}
 	return colSchemas[k][o]
 }
 
 // colValue converts a column's text-format value to the Connect value
 // Debezium's PostgreSQL connector produces for it.
-func colValue(c *Column) (dval, error) {
+func colValue(c *Column) (Value, error) {
 	if c.Null {
-		return dval{kind: dNull}, nil
+		return Value{Kind: KindNull}, nil
 	}
 	s := c.Value
 	switch kindOf(c.Type) {
 	case kBool:
 		switch string(s) {
 		case "t", "true":
-			return dval{kind: dBool, i: 1}, nil
+			return Value{Kind: KindBool, Int: 1}, nil
 		case "f", "false":
-			return dval{kind: dBool}, nil
+			return Value{Kind: KindBool}, nil
 		}
 	case kInt16, kInt32, kInt64:
-		bits, kind := 64, dI64
+		bits, kind := 64, KindI64
 		switch kindOf(c.Type) {
 		case kInt16:
-			bits, kind = 16, dI16
+			bits, kind = 16, KindI16
 		case kInt32:
-			bits, kind = 32, dI32
+			bits, kind = 32, KindI32
 		}
 		n, err := strconv.ParseInt(string(s), 10, bits)
 		if err == nil {
-			return dval{kind: kind, i: n}, nil
+			return Value{Kind: kind, Int: n}, nil
 		}
 	case kFloat32, kFloat64:
-		bits, kind := 64, dF64
+		bits, kind := 64, KindF64
 		if kindOf(c.Type) == kFloat32 {
-			bits, kind = 32, dF32
+			bits, kind = 32, KindF32
 		}
 		f, err := strconv.ParseFloat(string(s), bits)
 		if err == nil {
-			return dval{kind: kind, f: f}, nil
+			return Value{Kind: kind, Float: f}, nil
 		}
 	case kNumeric:
-		d, ok := parseDecimal(s)
+		d, ok := ParseDecimal(s)
 		if !ok {
 			break // NaN and ±Infinity too: decimal.handling.mode=precise fails on them
 		}
 		if !c.HasTypeMod {
-			return dval{kind: dDec, dec: d}, nil
+			return Value{Kind: KindDec, Dec: d}, nil
 		}
 		if _, scale, ok := numericPrecisionScale(c.TypeMod); ok {
 			// withScaleAdjustedIfNeeded: BigDecimal.setScale(scale), which
 			// PostgreSQL's own output already has.
-			if !d.setScale(scale) {
+			if !d.SetScale(scale) {
 				break
 			}
-			return dval{kind: dDec, dec: d}, nil
+			return Value{Kind: KindDec, Dec: d}, nil
 		}
 		// convertDecimal: stripTrailingZeros, then a negative scale (100
 		// is 1E+2 stripped) back to 0.
-		d.stripTrailingZeros()
-		return dval{kind: dVarDec, dec: d}, nil
+		d.StripTrailingZeros()
+		return Value{Kind: KindVarDec, Dec: d}, nil
 	case kBytea:
 		if b, ok := decodeBytea(s); ok {
-			return dval{kind: dBytes, b: b}, nil
+			return Value{Kind: KindBytes, Bytes: b}, nil
 		}
 	case kTimestamp:
 		if t, ok := parsePGTime(s, false); ok {
-			return dval{kind: dI64, i: t.UnixMicro()}, nil
+			return Value{Kind: KindI64, Int: t.UnixMicro()}, nil
 		}
 	case kTimestamptz:
 		if t, ok := parsePGTime(s, true); ok {
-			return dval{kind: dStr, b: appendZonedTimestamp(nil, t.UTC())}, nil
+			return Value{Kind: KindStr, Bytes: appendZonedTimestamp(nil, t.UTC())}, nil
 		}
 	case kDate:
 		if t, ok := parsePGDate(s); ok {
-			return dval{kind: dI32, i: floorDiv(t.Unix(), 86400)}, nil
+			return Value{Kind: KindI32, Int: floorDiv(t.Unix(), 86400)}, nil
 		}
 	case kTime:
 		if us, ok := parsePGTimeOfDay(s); ok {
-			return dval{kind: dI64, i: us}, nil
+			return Value{Kind: KindI64, Int: us}, nil
 		}
 	default:
-		return dval{kind: dStr, b: s}, nil
+		return Value{Kind: KindStr, Bytes: s}, nil
 	}
-	return dval{}, fmt.Errorf("column %q: %q is not a valid value of type %d", c.Name, truncate(s, 64), c.Type)
+	return Value{}, fmt.Errorf("column %q: %q is not a valid value of type %d", c.Name, truncate(s, 64), c.Type)
 }
 
 func truncate(b []byte, n int) string {
