@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/linkedin/goavro/v2"
+	"github.com/pgoutbox/pgoutbox/route/connect"
 	"github.com/twmb/franz-go/pkg/sr"
 )
 
@@ -119,12 +120,12 @@ func (e *avroEncoder) lookup(ctx context.Context, subject string) (*avroSchema, 
 // serializer's null); a bytea payload is taken to be Avro already framed
 // by the application (Debezium's documented BinaryDataConverter setup) and
 // goes out as it is.
-func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *Column, pv *Value, envSchema *Schema, envVal *Value) ([]byte, bool, error) {
+func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *Column, pv *connect.Value, envSchema *connect.Schema, envVal *connect.Value) ([]byte, bool, error) {
 	if envSchema == nil {
 		switch pv.Kind {
-		case KindNull:
+		case connect.KindNull:
 			return buf, true, nil
-		case KindBytes:
+		case connect.KindBytes:
 			return append(buf, pv.Bytes...), false, nil
 		}
 	}
@@ -134,7 +135,7 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 		return buf, false, err
 	}
 	var native any
-	if envSchema == nil && pv.Kind == KindStr && s.isString {
+	if envSchema == nil && pv.Kind == connect.KindStr && s.isString {
 		native = string(pv.Bytes)
 	} else {
 		var text []byte
@@ -146,7 +147,7 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 				if i > 0 {
 					text = append(text, ',')
 				}
-				text = AppendJSONStr(text, f.Name)
+				text = connect.AppendJSONStr(text, f.Name)
 				text = append(text, ':')
 				if i == 0 {
 					text = appendAvroJSON(text, pc, nil, &envVal.List[0])
@@ -182,18 +183,18 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 // the record {"scale": int, "value": bytes}, a Decimal of known precision as
 // the bytes of its unscaled value (Avro's decimal logical type). Without
 // the declaration a numeric stays a JSON number (fits a double).
-func appendAvroJSON(dst []byte, c *Column, s *Schema, v *Value) []byte {
+func appendAvroJSON(dst []byte, c *Column, s *connect.Schema, v *connect.Value) []byte {
 	switch {
-	case v.Kind == KindStr && c != nil && kindOf(c.Type) == kJSON:
+	case v.Kind == connect.KindStr && c != nil && kindOf(c.Type) == kJSON:
 		return append(dst, v.Bytes...)
-	case v.Kind == KindBytes:
+	case v.Kind == connect.KindBytes:
 		return appendAvroBytesJSON(dst, v.Bytes)
-	case v.Kind == KindVarDec:
-		return AppendVarDecimal(dst, v.Dec, appendAvroBytesJSON)
-	case v.Kind == KindDec && s != nil && s.Name == decimalSchemaName && s.HasParam(decimalPrecisionParam):
-		return appendAvroBytesJSON(dst, TwosComplement(&v.Dec.Unscaled))
+	case v.Kind == connect.KindVarDec:
+		return connect.AppendVarDecimal(dst, v.Dec, appendAvroBytesJSON)
+	case v.Kind == connect.KindDec && s != nil && s.Name == connect.DecimalSchemaName && s.HasParam(decimalPrecisionParam):
+		return appendAvroBytesJSON(dst, connect.TwosComplement(&v.Dec.Unscaled))
 	}
-	return AppendValueJSON(dst, nil, v)
+	return connect.AppendValueJSON(dst, nil, v)
 }
 
 // appendAvroBytesJSON writes bytes as Avro's JSON encoding does: a string

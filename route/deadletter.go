@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/pgoutbox/pgoutbox/route/connect"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -55,16 +56,16 @@ func deadLetter(row *Row, idField, intended string, cause error, dlqTopic string
 			val = append(val, ',')
 			types = append(types, ',')
 		}
-		val = AppendJSONStr(val, c.Name)
+		val = connect.AppendJSONStr(val, c.Name)
 		val = append(val, ':')
-		types = AppendJSONStr(types, c.Name)
+		types = connect.AppendJSONStr(types, c.Name)
 		types = append(types, ':')
 		types = strconv.AppendUint(types, uint64(c.Type), 10)
 		if c.Null {
 			val = append(val, "null"...)
 			continue
 		}
-		val = AppendJSONString(val, c.Value)
+		val = connect.AppendJSONString(val, c.Value)
 		if c.Name == idField && id == nil {
 			id = append([]byte{}, c.Value...)
 		}

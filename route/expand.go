@@ -8,6 +8,8 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/pgoutbox/pgoutbox/route/connect"
 )
 
 // This file reproduces table.expand.json.payload: Jackson's readTree, then
@@ -370,12 +372,12 @@ type expander struct {
 }
 
 var (
-	optString  = &Schema{Type: TypeString, Optional: true}
-	optBool    = &Schema{Type: TypeBool, Optional: true}
-	optInt32   = &Schema{Type: TypeInt32, Optional: true}
-	optInt64   = &Schema{Type: TypeInt64, Optional: true}
-	optFloat64 = &Schema{Type: TypeFloat64, Optional: true}
-	optBytes   = &Schema{Type: TypeBytes, Optional: true}
+	optString  = &connect.Schema{Type: connect.TypeString, Optional: true}
+	optBool    = &connect.Schema{Type: connect.TypeBool, Optional: true}
+	optInt32   = &connect.Schema{Type: connect.TypeInt32, Optional: true}
+	optInt64   = &connect.Schema{Type: connect.TypeInt64, Optional: true}
+	optFloat64 = &connect.Schema{Type: connect.TypeFloat64, Optional: true}
+	optBytes   = &connect.Schema{Type: connect.TypeBytes, Optional: true}
 )
 
 // inferError is a ConnectException thrown while inferring the schema; the
@@ -385,7 +387,7 @@ type inferError struct{ msg string }
 func (e *inferError) Error() string { return e.msg }
 
 // schemaOf is JsonSchemaData.toConnectSchema; key nil is Java's null.
-func (x *expander) schemaOf(key *string, n *jnode) (*Schema, error) {
+func (x *expander) schemaOf(key *string, n *jnode) (*connect.Schema, error) {
 	switch n.kind {
 	case jString:
 		return optString, nil
@@ -400,7 +402,7 @@ func (x *expander) schemaOf(key *string, n *jnode) (*Schema, error) {
 	case jArray:
 		if len(n.arr) == 0 {
 			if x.emptyArrayAsArray {
-				return &Schema{Type: TypeArray, Optional: true, Items: optString}, nil
+				return &connect.Schema{Type: connect.TypeArray, Optional: true, Items: optString}, nil
 			}
 			return nil, nil
 		}
@@ -408,9 +410,9 @@ func (x *expander) schemaOf(key *string, n *jnode) (*Schema, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Schema{Type: TypeArray, Optional: true, Items: items}, nil
+		return &connect.Schema{Type: connect.TypeArray, Optional: true, Items: items}, nil
 	case jObject:
-		s := &Schema{Type: TypeStruct, Optional: true}
+		s := &connect.Schema{Type: connect.TypeStruct, Optional: true}
 		if key != nil {
 			s.HasName, s.Name = true, *key
 		}
@@ -424,7 +426,7 @@ func (x *expander) schemaOf(key *string, n *jnode) (*Schema, error) {
 				return nil, err
 			}
 			if fs != nil && s.FieldIndex(k) < 0 {
-				s.Fields = append(s.Fields, Field{Name: k, Schema: fs})
+				s.Fields = append(s.Fields, connect.Field{Name: k, Schema: fs})
 			}
 		}
 		return s, nil
@@ -442,10 +444,10 @@ func sameNodeType(a, b *jnode) bool {
 }
 
 // arraySchema is JsonSchemaData.toConnectSchemaWithCycles.
-func (x *expander) arraySchema(key *string, n *jnode) (*Schema, error) {
+func (x *expander) arraySchema(key *string, n *jnode) (*connect.Schema, error) {
 	// getFirstArrayElement: the first non-null element, all of one JSON type,
 	// numbers all of one Connect schema.
-	var sample, refSchema *Schema
+	var sample, refSchema *connect.Schema
 	var ref *jnode
 	for _, e := range n.arr {
 		if e.kind == jNull {
@@ -470,7 +472,7 @@ func (x *expander) arraySchema(key *string, n *jnode) (*Schema, error) {
 		// The distinct schemas of the object elements, merged. Debezium
 		// iterates a HashSet whose order depends on the JVM run when the
 		// elements differ; first-seen order is one of its possible outputs.
-		var distinct []*Schema
+		var distinct []*connect.Schema
 		for _, e := range n.arr {
 			if e.kind != jObject {
 				continue
@@ -510,11 +512,11 @@ func (x *expander) arraySchema(key *string, n *jnode) (*Schema, error) {
 
 // mergeSchema is JsonSchemaData.mergeSchema; note that the merged schema
 // is not optional (SchemaUtil.copySchemaBasics does not copy optionality).
-func mergeSchema(left, right *Schema) *Schema {
+func mergeSchema(left, right *connect.Schema) *connect.Schema {
 	if left == nil {
 		return right
 	}
-	fields := append([]Field(nil), left.Fields...)
+	fields := append([]connect.Field(nil), left.Fields...)
 	for _, f := range right.Fields {
 		i := -1
 		for j := range fields {
@@ -526,21 +528,21 @@ func mergeSchema(left, right *Schema) *Schema {
 		switch {
 		case i < 0:
 			fields = append(fields, f)
-		case !fields[i].Schema.Equal(f.Schema) && fields[i].Schema.Type == TypeBytes && f.Schema.Type != TypeBytes:
+		case !fields[i].Schema.Equal(f.Schema) && fields[i].Schema.Type == connect.TypeBytes && f.Schema.Type != connect.TypeBytes:
 			fields[i] = f
 		}
 	}
-	return &Schema{Type: TypeStruct, HasName: left.HasName, Name: left.Name, HasVersion: left.HasVersion,
+	return &connect.Schema{Type: connect.TypeStruct, HasName: left.HasName, Name: left.Name, HasVersion: left.HasVersion,
 		Version: left.Version, Params: left.Params, Fields: fields}
 }
 
 // structOf is JsonSchemaData.jsonNodeToStructInternal followed by the
 // validation Struct.put does.
-func structOf(n *jnode, s *Schema) (Value, error) {
-	if s == nil || s.Type != TypeStruct {
-		return Value{}, errors.New("not a struct schema")
+func structOf(n *jnode, s *connect.Schema) (connect.Value, error) {
+	if s == nil || s.Type != connect.TypeStruct {
+		return connect.Value{}, errors.New("not a struct schema")
 	}
-	v := Value{Kind: KindStruct, List: make([]Value, len(s.Fields))}
+	v := connect.Value{Kind: connect.KindStruct, List: make([]connect.Value, len(s.Fields))}
 	for i, f := range s.Fields {
 		c, ok := n.get(f.Name)
 		if !ok {
@@ -548,10 +550,10 @@ func structOf(n *jnode, s *Schema) (Value, error) {
 		}
 		fv, err := valueOf(c, f.Schema)
 		if err != nil {
-			return Value{}, err
+			return connect.Value{}, err
 		}
 		if err := validate(f.Schema, &fv); err != nil {
-			return Value{}, fmt.Errorf("field %q: %w", f.Name, err)
+			return connect.Value{}, fmt.Errorf("field %q: %w", f.Name, err)
 		}
 		v.List[i] = fv
 	}
@@ -559,34 +561,34 @@ func structOf(n *jnode, s *Schema) (Value, error) {
 }
 
 // valueOf is JsonSchemaData.getStructFieldValue.
-func valueOf(n *jnode, s *Schema) (Value, error) {
+func valueOf(n *jnode, s *connect.Schema) (connect.Value, error) {
 	switch n.kind {
 	case jString:
-		return Value{Kind: KindStr, Bytes: []byte(n.s)}, nil
+		return connect.Value{Kind: connect.KindStr, Bytes: []byte(n.s)}, nil
 	case jBool:
 		if n.b {
-			return Value{Kind: KindBool, Int: 1}, nil
+			return connect.Value{Kind: connect.KindBool, Int: 1}, nil
 		}
-		return Value{Kind: KindBool}, nil
+		return connect.Value{Kind: connect.KindBool}, nil
 	case jDouble:
-		return Value{Kind: KindF64, Float: n.f}, nil
+		return connect.Value{Kind: connect.KindF64, Float: n.f}, nil
 	case jInt:
-		return Value{Kind: KindI32, Int: n.i}, nil
+		return connect.Value{Kind: connect.KindI32, Int: n.i}, nil
 	case jLong:
-		return Value{Kind: KindI64, Int: n.i}, nil
+		return connect.Value{Kind: connect.KindI64, Int: n.i}, nil
 	case jBigInt:
-		d, _ := ParseDecimal([]byte(n.s))
-		return Value{Kind: KindDec, Dec: d}, nil
+		d, _ := connect.ParseDecimal([]byte(n.s))
+		return connect.Value{Kind: connect.KindDec, Dec: d}, nil
 	case jArray:
-		var items *Schema
-		if s != nil && s.Type == TypeArray {
+		var items *connect.Schema
+		if s != nil && s.Type == connect.TypeArray {
 			items = s.Items
 		}
-		out := Value{Kind: KindList, List: make([]Value, len(n.arr))}
+		out := connect.Value{Kind: connect.KindList, List: make([]connect.Value, len(n.arr))}
 		for i, e := range n.arr {
 			ev, err := valueOf(e, items)
 			if err != nil {
-				return Value{}, err
+				return connect.Value{}, err
 			}
 			out.List[i] = ev
 		}
@@ -594,16 +596,16 @@ func valueOf(n *jnode, s *Schema) (Value, error) {
 	case jObject:
 		return structOf(n, s)
 	}
-	return Value{Kind: KindNull}, nil
+	return connect.Value{Kind: connect.KindNull}, nil
 }
 
 // javaClassOf is the value class ConnectSchema.validateValue expects.
-var javaClassOf = [...]Kind{TypeString: KindStr, TypeBytes: KindBytes, TypeBool: KindBool, TypeInt8: KindI16, TypeInt16: KindI16, TypeInt32: KindI32,
-	TypeInt64: KindI64, TypeFloat32: KindF32, TypeFloat64: KindF64, TypeStruct: KindStruct, TypeArray: KindList}
+var javaClassOf = [...]connect.Kind{connect.TypeString: connect.KindStr, connect.TypeBytes: connect.KindBytes, connect.TypeBool: connect.KindBool, connect.TypeInt8: connect.KindI16, connect.TypeInt16: connect.KindI16, connect.TypeInt32: connect.KindI32,
+	connect.TypeInt64: connect.KindI64, connect.TypeFloat32: connect.KindF32, connect.TypeFloat64: connect.KindF64, connect.TypeStruct: connect.KindStruct, connect.TypeArray: connect.KindList}
 
 // validate is ConnectSchema.validateValue.
-func validate(s *Schema, v *Value) error {
-	if v.Kind == KindNull {
+func validate(s *connect.Schema, v *connect.Value) error {
+	if v.Kind == connect.KindNull {
 		if s == nil || !s.Optional {
 			return errors.New("null value for a required field")
 		}
@@ -615,7 +617,7 @@ func validate(s *Schema, v *Value) error {
 	if v.Kind != javaClassOf[s.Type] {
 		return fmt.Errorf("invalid Java object for schema type %s", strings.ToUpper(s.Type.String()))
 	}
-	if s.Type == TypeArray {
+	if s.Type == connect.TypeArray {
 		for i := range v.List {
 			if err := validate(s.Items, &v.List[i]); err != nil {
 				return err
@@ -635,21 +637,21 @@ const (
 )
 
 // expand runs the EventRouter's expansion of a string payload.
-func (x *expander) expand(payload []byte, field string) (expandResult, *Schema, Value) {
+func (x *expander) expand(payload []byte, field string) (expandResult, *connect.Schema, connect.Value) {
 	if len(payload) == 0 || payload[0] != '{' && payload[0] != '[' {
-		return expandKept, nil, Value{}
+		return expandKept, nil, connect.Value{}
 	}
 	n, err := parseJSONTree(payload)
 	if err != nil {
-		return expandKept, nil, Value{}
+		return expandKept, nil, connect.Value{}
 	}
 	s, err := x.schemaOf(&field, n)
 	if err != nil {
-		return expandKept, nil, Value{}
+		return expandKept, nil, connect.Value{}
 	}
 	v, err := structOf(n, s)
 	if err != nil {
-		return expandBroken, s, Value{}
+		return expandBroken, s, connect.Value{}
 	}
 	return expandDone, s, v
 }

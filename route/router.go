@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/route/connect"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -148,12 +149,12 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		if c := row.Lookup(cfg.TracingSpanContextField); c != nil && !c.Null && isStringKind(kindOf(c.Type)) {
 			if tp, ts, ok := traceContext(c.Value); ok {
 				var err error
-				hdrs, buf, err = r.addHeader(hdrs, buf, "traceparent", nil, stringSchemaRequired, &Value{Kind: KindStr, Bytes: tp})
+				hdrs, buf, err = r.addHeader(hdrs, buf, "traceparent", nil, stringSchemaRequired, &connect.Value{Kind: connect.KindStr, Bytes: tp})
 				if err != nil {
 					return nil, topic, err
 				}
 				if len(ts) > 0 {
-					hdrs, buf, _ = r.addHeader(hdrs, buf, "tracestate", nil, stringSchemaRequired, &Value{Kind: KindStr, Bytes: ts})
+					hdrs, buf, _ = r.addHeader(hdrs, buf, "tracestate", nil, stringSchemaRequired, &connect.Value{Kind: connect.KindStr, Bytes: ts})
 				}
 			}
 		}
@@ -185,14 +186,14 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	}
 	// The payload's schema matters only to the JSON formats, envelopes and
 	// expansion; the default path does without.
-	var ps *Schema
+	var ps *connect.Schema
 	if cfg.ValueFormat != FormatString || r.envelope || cfg.ExpandJSONPayload {
 		ps = colSchema(payloadCol, !r.required[payloadCol.Name], &pv)
 	}
 	exp := expandKept
-	if cfg.ExpandJSONPayload && cfg.ValueFormat != FormatAvro && pv.Kind == KindStr {
-		var es *Schema
-		var ev Value
+	if cfg.ExpandJSONPayload && cfg.ValueFormat != FormatAvro && pv.Kind == connect.KindStr {
+		var es *connect.Schema
+		var ev connect.Value
 		exp, es, ev = r.x.expand(pv.Bytes, cfg.FieldPayload)
 		switch exp {
 		case expandDone:
@@ -205,8 +206,8 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	routeCol := row.Lookup(cfg.RouteByField)
 
 	// The envelope: payload, then the envelope fields in configured order.
-	var envSchema *Schema
-	var envVal Value
+	var envSchema *connect.Schema
+	var envVal connect.Value
 	if r.envelope {
 		if err := checkRouteBy(routeCol, cfg.RouteByField); err != nil {
 			return nil, topic, err
@@ -214,7 +215,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		if ps == nil {
 			return nil, topic, errorf(ClassInvalidPayload, nil, "fieldSchema for field payload cannot be null (an empty JSON array payload expanded)")
 		}
-		envSchema = &Schema{Type: TypeStruct, HasName: true, Name: r.envelopeName(row, routeCol.Value)}
+		envSchema = &connect.Schema{Type: connect.TypeStruct, HasName: true, Name: r.envelopeName(row, routeCol.Value)}
 		if cfg.FieldSchemaVersion != "" {
 			vc := row.Lookup(cfg.FieldSchemaVersion)
 			if vc == nil {
@@ -231,8 +232,8 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 				envSchema.HasVersion, envSchema.Version = true, int32(v.Int)
 			}
 		}
-		envSchema.Fields = append(envSchema.Fields, Field{Name: "payload", Schema: ps})
-		envVal = Value{Kind: KindStruct, List: []Value{pv}}
+		envSchema.Fields = append(envSchema.Fields, connect.Field{Name: "payload", Schema: ps})
+		envVal = connect.Value{Kind: connect.KindStruct, List: []connect.Value{pv}}
 		if exp == expandBroken {
 			return nil, topic, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it")
 		}
@@ -255,7 +256,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 				// SchemaBuilder refuses a duplicate field name.
 				return nil, topic, errorf(ClassInvalidPayload, nil, "Cannot create field because of field name duplication %s", f.Alias)
 			}
-			envSchema.Fields = append(envSchema.Fields, Field{Name: f.Alias, Schema: colSchema(c, !r.required[c.Name], &v)})
+			envSchema.Fields = append(envSchema.Fields, connect.Field{Name: f.Alias, Schema: colSchema(c, !r.required[c.Name], &v)})
 			envVal.List = append(envVal.List, v)
 		}
 	}
@@ -308,7 +309,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	}
 
 	// The value.
-	tombstone := cfg.TombstoneOnEmptyPayload && (pv.Kind == KindNull || pv.Kind == KindStr && javaTrimEmpty(pv.Bytes))
+	tombstone := cfg.TombstoneOnEmptyPayload && (pv.Kind == connect.KindNull || pv.Kind == connect.KindStr && javaTrimEmpty(pv.Bytes))
 	var val span
 	switch {
 	case tombstone:
@@ -344,14 +345,14 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		key.off = len(buf)
 		switch cfg.KeyFormat {
 		case FormatJSON:
-			buf = AppendValueJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
+			buf = connect.AppendValueJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
 			key.null = false
 		case FormatJSONSchema:
-			buf = AppendEnvelopeJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
+			buf = connect.AppendEnvelopeJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
 			key.null = false
 		default:
-			if kv.Kind != KindNull {
-				buf = AppendValueString(buf, &kv, true)
+			if kv.Kind != connect.KindNull {
+				buf = connect.AppendValueString(buf, &kv, true)
 				key.null = false
 			}
 		}
@@ -428,30 +429,30 @@ func (r *Router) envelopeName(row *Row, routedBy []byte) string {
 	return r.cfg.TopicPrefix + "." + table + "." + string(routedBy) + ".Value"
 }
 
-var stringSchemaRequired = &Schema{Type: TypeString}
+var stringSchemaRequired = &connect.Schema{Type: connect.TypeString}
 
 // addHeader encodes one header with the header converter; the schema is
 // s, or column c's.
-func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s *Schema, v *Value) ([]hdrSpan, []byte, error) {
+func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s *connect.Schema, v *connect.Value) ([]hdrSpan, []byte, error) {
 	sp := span{off: len(buf)}
 	if s == nil && r.cfg.HeaderFormat != FormatString {
 		s = colSchema(c, !r.required[c.Name], v)
 	}
 	switch r.cfg.HeaderFormat {
 	case FormatJSON:
-		buf = AppendValueJSON(buf, s, v)
+		buf = connect.AppendValueJSON(buf, s, v)
 	case FormatJSONSchema:
-		buf = AppendEnvelopeJSON(buf, s, v)
+		buf = connect.AppendEnvelopeJSON(buf, s, v)
 	default:
 		// SimpleHeaderConverter: null stays null. Kafka Connect keeps such a
 		// header; Debezium Server's engine drops it.
-		if v.Kind == KindNull {
+		if v.Kind == connect.KindNull {
 			if r.cfg.Runtime == RuntimeServer {
 				return hdrs, buf, nil
 			}
 			sp.null = true
 		} else {
-			buf = AppendValueString(buf, v, false)
+			buf = connect.AppendValueString(buf, v, false)
 		}
 	}
 	sp.end = len(buf)
@@ -460,7 +461,7 @@ func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s 
 
 // appendValue encodes the value with a JSON or string converter; null
 // reports a Kafka null.
-func (r *Router) appendValue(buf []byte, exp expandResult, ps *Schema, pv *Value, envSchema *Schema, envVal *Value) ([]byte, bool, error) {
+func (r *Router) appendValue(buf []byte, exp expandResult, ps *connect.Schema, pv *connect.Value, envSchema *connect.Schema, envVal *connect.Value) ([]byte, bool, error) {
 	f := r.cfg.ValueFormat
 	structured := envSchema != nil || exp == expandDone
 	if envSchema == nil {
@@ -472,23 +473,23 @@ func (r *Router) appendValue(buf []byte, exp expandResult, ps *Schema, pv *Value
 	case f == FormatJSONSchema:
 		if exp == expandBroken && ps == nil {
 			buf = append(buf, `{"schema":null,"payload":`...)
-			buf = AppendJSONString(buf, pv.Bytes)
+			buf = connect.AppendJSONString(buf, pv.Bytes)
 			return append(buf, '}'), false, nil
 		}
-		return AppendEnvelopeJSON(buf, envSchema, envVal), false, nil
+		return connect.AppendEnvelopeJSON(buf, envSchema, envVal), false, nil
 	case f == FormatJSON || structured:
 		// StringConverter would print Struct.toString() here; we write what
 		// JsonConverter (schemas.enable=false) writes instead.
 		if exp == expandBroken && ps == nil {
-			return AppendJSONString(buf, pv.Bytes), false, nil
+			return connect.AppendJSONString(buf, pv.Bytes), false, nil
 		}
-		return AppendValueJSON(buf, envSchema, envVal), false, nil
+		return connect.AppendValueJSON(buf, envSchema, envVal), false, nil
 	}
 	// StringConverter for text, BinaryDataConverter for bytes.
-	if pv.Kind == KindNull {
+	if pv.Kind == connect.KindNull {
 		return buf, true, nil
 	}
-	return AppendValueString(buf, pv, true), false, nil
+	return connect.AppendValueString(buf, pv, true), false, nil
 }
 
 // javaTrimEmpty reports whether String.trim() of s is empty: every char is

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/route/connect"
 )
 
 // Debezium's logical schema names (io.debezium.data.*, io.debezium.time.*)
@@ -19,7 +21,6 @@ const (
 	zonedTimestampName   = "io.debezium.time.ZonedTimestamp"
 	dateSchemaName       = "io.debezium.time.Date"
 	microTimeSchemaName  = "io.debezium.time.MicroTime"
-	decimalSchemaName    = "org.apache.kafka.connect.data.Decimal"
 	varScaleDecimalName  = "io.debezium.data.VariableScaleDecimal"
 	timestampSchemaName  = "io.debezium.time.Timestamp"
 	nanoTimestampName    = "io.debezium.time.NanoTimestamp"
@@ -100,17 +101,17 @@ func isStringKind(k colKind) bool {
 }
 
 // schemas of plain columns, [kind][optional]; built once.
-var colSchemas [kTime + 1][2]*Schema
+var colSchemas [kTime + 1][2]*connect.Schema
 
 // varScaleSchemas are io.debezium.data.VariableScaleDecimal's struct schema
 // (VariableScaleDecimal.builder), [optional]: an unconstrained numeric.
-var varScaleSchemas [2]*Schema
+var varScaleSchemas [2]*connect.Schema
 
 func init() {
-	mk := func(t Type, name string) [2]*Schema {
-		var out [2]*Schema
+	mk := func(t connect.Type, name string) [2]*connect.Schema {
+		var out [2]*connect.Schema
 		for o := 0; o < 2; o++ {
-			s := &Schema{Type: t, Optional: o == 1}
+			s := &connect.Schema{Type: t, Optional: o == 1}
 			if name != "" {
 				s.HasName, s.Name, s.HasVersion, s.Version = true, name, true, 1
 			}
@@ -118,25 +119,25 @@ func init() {
 		}
 		return out
 	}
-	colSchemas[kString] = mk(TypeString, "")
-	colSchemas[kJSON] = mk(TypeString, jsonSchemaName)
-	colSchemas[kUUID] = mk(TypeString, uuidSchemaName)
-	colSchemas[kXML] = mk(TypeString, xmlSchemaName)
-	colSchemas[kBool] = mk(TypeBool, "")
-	colSchemas[kInt16] = mk(TypeInt16, "")
-	colSchemas[kInt32] = mk(TypeInt32, "")
-	colSchemas[kInt64] = mk(TypeInt64, "")
-	colSchemas[kFloat32] = mk(TypeFloat32, "")
-	colSchemas[kFloat64] = mk(TypeFloat64, "")
-	colSchemas[kBytea] = mk(TypeBytes, "")
-	colSchemas[kTimestamp] = mk(TypeInt64, microTimestampName)
-	colSchemas[kTimestamptz] = mk(TypeString, zonedTimestampName)
-	colSchemas[kDate] = mk(TypeInt32, dateSchemaName)
-	colSchemas[kTime] = mk(TypeInt64, microTimeSchemaName)
+	colSchemas[kString] = mk(connect.TypeString, "")
+	colSchemas[kJSON] = mk(connect.TypeString, jsonSchemaName)
+	colSchemas[kUUID] = mk(connect.TypeString, uuidSchemaName)
+	colSchemas[kXML] = mk(connect.TypeString, xmlSchemaName)
+	colSchemas[kBool] = mk(connect.TypeBool, "")
+	colSchemas[kInt16] = mk(connect.TypeInt16, "")
+	colSchemas[kInt32] = mk(connect.TypeInt32, "")
+	colSchemas[kInt64] = mk(connect.TypeInt64, "")
+	colSchemas[kFloat32] = mk(connect.TypeFloat32, "")
+	colSchemas[kFloat64] = mk(connect.TypeFloat64, "")
+	colSchemas[kBytea] = mk(connect.TypeBytes, "")
+	colSchemas[kTimestamp] = mk(connect.TypeInt64, microTimestampName)
+	colSchemas[kTimestamptz] = mk(connect.TypeString, zonedTimestampName)
+	colSchemas[kDate] = mk(connect.TypeInt32, dateSchemaName)
+	colSchemas[kTime] = mk(connect.TypeInt64, microTimeSchemaName)
 	for o := 0; o < 2; o++ {
-		varScaleSchemas[o] = &Schema{Type: TypeStruct, Optional: o == 1, HasName: true, Name: varScaleDecimalName,
+		varScaleSchemas[o] = &connect.Schema{Type: connect.TypeStruct, Optional: o == 1, HasName: true, Name: varScaleDecimalName,
 			HasVersion: true, Version: 1, Doc: "Variable scaled decimal",
-			Fields: []Field{{Name: "scale", Schema: colSchemas[kInt32][0]}, {Name: "value", Schema: colSchemas[kBytea][0]}}}
+			Fields: []connect.Field{{Name: "scale", Schema: colSchemas[kInt32][0]}, {Name: "value", Schema: colSchemas[kBytea][0]}}}
 	}
 }
 
@@ -150,8 +151,8 @@ func init() {
 // precision, a VariableScaleDecimal. When the declaration is unknown
 // (Column.HasTypeMod unset) it is a Decimal of the value's own scale,
 // without precision.
-func colSchema(c *Column, optional bool, v *Value) *Schema {
-	if v != nil && v.Kind == KindNull {
+func colSchema(c *Column, optional bool, v *connect.Value) *connect.Schema {
+	if v != nil && v.Kind == connect.KindNull {
 		optional = true
 	}
 	o := 0
@@ -168,59 +169,59 @@ func colSchema(c *Column, optional bool, v *Value) *Schema {
 			return varScaleSchemas[o]
 		} else {
 			scale := int32(0)
-			if v != nil && v.Kind == KindDec {
+			if v != nil && v.Kind == connect.KindDec {
 				scale = v.Dec.Scale
 			}
 			params = [][2]string{{"scale", strconv.Itoa(int(scale))}}
 		}
-		return &Schema{Type: TypeBytes, Optional: optional, HasName: true, Name: decimalSchemaName, HasVersion: true, Version: 1, Params: params}
+		return &connect.Schema{Type: connect.TypeBytes, Optional: optional, HasName: true, Name: connect.DecimalSchemaName, HasVersion: true, Version: 1, Params: params}
 	}
 	return colSchemas[k][o]
 }
 
 // colValue converts a column's text-format value to the Connect value
 // Debezium's PostgreSQL connector produces for it.
-func colValue(c *Column) (Value, error) {
+func colValue(c *Column) (connect.Value, error) {
 	if c.Null {
-		return Value{Kind: KindNull}, nil
+		return connect.Value{Kind: connect.KindNull}, nil
 	}
 	s := c.Value
 	switch kindOf(c.Type) {
 	case kBool:
 		switch string(s) {
 		case "t", "true":
-			return Value{Kind: KindBool, Int: 1}, nil
+			return connect.Value{Kind: connect.KindBool, Int: 1}, nil
 		case "f", "false":
-			return Value{Kind: KindBool}, nil
+			return connect.Value{Kind: connect.KindBool}, nil
 		}
 	case kInt16, kInt32, kInt64:
-		bits, kind := 64, KindI64
+		bits, kind := 64, connect.KindI64
 		switch kindOf(c.Type) {
 		case kInt16:
-			bits, kind = 16, KindI16
+			bits, kind = 16, connect.KindI16
 		case kInt32:
-			bits, kind = 32, KindI32
+			bits, kind = 32, connect.KindI32
 		}
 		n, err := strconv.ParseInt(string(s), 10, bits)
 		if err == nil {
-			return Value{Kind: kind, Int: n}, nil
+			return connect.Value{Kind: kind, Int: n}, nil
 		}
 	case kFloat32, kFloat64:
-		bits, kind := 64, KindF64
+		bits, kind := 64, connect.KindF64
 		if kindOf(c.Type) == kFloat32 {
-			bits, kind = 32, KindF32
+			bits, kind = 32, connect.KindF32
 		}
 		f, err := strconv.ParseFloat(string(s), bits)
 		if err == nil {
-			return Value{Kind: kind, Float: f}, nil
+			return connect.Value{Kind: kind, Float: f}, nil
 		}
 	case kNumeric:
-		d, ok := ParseDecimal(s)
+		d, ok := connect.ParseDecimal(s)
 		if !ok {
 			break // NaN and ±Infinity too: decimal.handling.mode=precise fails on them
 		}
 		if !c.HasTypeMod {
-			return Value{Kind: KindDec, Dec: d}, nil
+			return connect.Value{Kind: connect.KindDec, Dec: d}, nil
 		}
 		if _, scale, ok := numericPrecisionScale(c.TypeMod); ok {
 			// withScaleAdjustedIfNeeded: BigDecimal.setScale(scale), which
@@ -228,36 +229,36 @@ func colValue(c *Column) (Value, error) {
 			if !d.SetScale(scale) {
 				break
 			}
-			return Value{Kind: KindDec, Dec: d}, nil
+			return connect.Value{Kind: connect.KindDec, Dec: d}, nil
 		}
 		// convertDecimal: stripTrailingZeros, then a negative scale (100
 		// is 1E+2 stripped) back to 0.
 		d.StripTrailingZeros()
-		return Value{Kind: KindVarDec, Dec: d}, nil
+		return connect.Value{Kind: connect.KindVarDec, Dec: d}, nil
 	case kBytea:
 		if b, ok := decodeBytea(s); ok {
-			return Value{Kind: KindBytes, Bytes: b}, nil
+			return connect.Value{Kind: connect.KindBytes, Bytes: b}, nil
 		}
 	case kTimestamp:
 		if t, ok := parsePGTime(s, false); ok {
-			return Value{Kind: KindI64, Int: t.UnixMicro()}, nil
+			return connect.Value{Kind: connect.KindI64, Int: t.UnixMicro()}, nil
 		}
 	case kTimestamptz:
 		if t, ok := parsePGTime(s, true); ok {
-			return Value{Kind: KindStr, Bytes: appendZonedTimestamp(nil, t.UTC())}, nil
+			return connect.Value{Kind: connect.KindStr, Bytes: appendZonedTimestamp(nil, t.UTC())}, nil
 		}
 	case kDate:
 		if t, ok := parsePGDate(s); ok {
-			return Value{Kind: KindI32, Int: floorDiv(t.Unix(), 86400)}, nil
+			return connect.Value{Kind: connect.KindI32, Int: floorDiv(t.Unix(), 86400)}, nil
 		}
 	case kTime:
 		if us, ok := parsePGTimeOfDay(s); ok {
-			return Value{Kind: KindI64, Int: us}, nil
+			return connect.Value{Kind: connect.KindI64, Int: us}, nil
 		}
 	default:
-		return Value{Kind: KindStr, Bytes: s}, nil
+		return connect.Value{Kind: connect.KindStr, Bytes: s}, nil
 	}
-	return Value{}, fmt.Errorf("column %q: %q is not a valid value of type %d", c.Name, truncate(s, 64), c.Type)
+	return connect.Value{}, fmt.Errorf("column %q: %q is not a valid value of type %d", c.Name, truncate(s, 64), c.Type)
 }
 
 func truncate(b []byte, n int) string {

@@ -1,4 +1,4 @@
-package route
+package connect
 
 import (
 	"encoding/base64"

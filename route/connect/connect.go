@@ -1,4 +1,11 @@
-package route
+// Package connect is a small model of Kafka Connect's data API (Schema,
+// Struct, the Java class of each value) and its JsonConverter's output, byte
+// for byte: JSON as Jackson writes it, numbers as Java's toString methods
+// print them, decimals as BigDecimal does. It is enough to reproduce what
+// Debezium's EventRouter builds and what the converters print, so that a
+// record of ours equals Debezium's; route builds the values, this package
+// writes them.
+package connect
 
 import (
 	"encoding/base64"
@@ -26,12 +33,16 @@ const (
 
 var ctypeNames = [...]string{"string", "bytes", "boolean", "int8", "int16", "int32", "int64", "float", "double", "struct", "array"}
 
+// DecimalSchemaName names Kafka Connect's Decimal logical type: bytes
+// holding the unscaled value, its scale a schema parameter.
+const DecimalSchemaName = "org.apache.kafka.connect.data.Decimal"
+
 // String is the type's name in a JSON schema (Schema.Type.getName()).
 func (t Type) String() string { return ctypeNames[t] }
 
 // Schema is a Connect Schema.
 type Schema struct {
-	Type        Type
+	Type       Type
 	Optional   bool
 	HasName    bool
 	Name       string
@@ -113,12 +124,12 @@ const (
 
 // Value is a Connect value.
 type Value struct {
-	Kind Kind
-	Bytes    []byte // dStr, dBytes
-	Int    int64  // dI16, dI32, dI64, dBool (0/1)
-	Float    float64
-	Dec  *Decimal // dDec, dVarDec
-	List []Value   // dStruct (in schema field order; unset fields are dNull), dList
+	Kind  Kind
+	Bytes []byte // dStr, dBytes
+	Int   int64  // dI16, dI32, dI64, dBool (0/1)
+	Float float64
+	Dec   *Decimal // dDec, dVarDec
+	List  []Value  // dStruct (in schema field order; unset fields are dNull), dList
 }
 
 // AppendSchemaJSON writes a schema as JsonConverter.asJsonSchema does; with
@@ -199,7 +210,7 @@ func AppendValueJSON(dst []byte, s *Schema, v *Value) []byte {
 	case KindF64:
 		return AppendJSONDouble(dst, v.Float, 64)
 	case KindDec:
-		if s != nil && s.HasName && s.Name == decimalSchemaName {
+		if s != nil && s.HasName && s.Name == DecimalSchemaName {
 			// decimal.format=BASE64, JsonConverter's default.
 			return AppendBase64JSON(dst, TwosComplement(&v.Dec.Unscaled))
 		}
