@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/route/connect"
+	"github.com/pgoutbox/pgoutbox/route/expand"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -18,7 +19,7 @@ type Router struct {
 	topics   topicCache
 	envelope bool // some field is placed in the envelope
 	required map[string]bool
-	x        expander
+	x        expand.Expander
 	avro     *avroEncoder
 	now      func() time.Time
 }
@@ -43,9 +44,9 @@ func NewContext(ctx context.Context, cfg Config) (*Router, error) {
 		cfg:      cfg,
 		rule:     rule,
 		required: make(map[string]bool, len(cfg.RequiredColumns)),
-		x: expander{
-			nullAsBytes:       cfg.JSONNullBehavior == NullOptionalBytes,
-			emptyArrayAsArray: cfg.JSONEmptyArrayBehavior == EmptyArrayOptionalString,
+		x: expand.Expander{
+			NullAsBytes:       cfg.JSONNullBehavior == NullOptionalBytes,
+			EmptyArrayAsArray: cfg.JSONEmptyArrayBehavior == EmptyArrayOptionalString,
 		},
 		now: time.Now,
 	}
@@ -190,15 +191,15 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	if cfg.ValueFormat != FormatString || r.envelope || cfg.ExpandJSONPayload {
 		ps = colSchema(payloadCol, !r.required[payloadCol.Name], &pv)
 	}
-	exp := expandKept
+	exp := expand.Kept
 	if cfg.ExpandJSONPayload && cfg.ValueFormat != FormatAvro && pv.Kind == connect.KindStr {
 		var es *connect.Schema
 		var ev connect.Value
-		exp, es, ev = r.x.expand(pv.Bytes, cfg.FieldPayload)
+		exp, es, ev = r.x.Expand(pv.Bytes, cfg.FieldPayload)
 		switch exp {
-		case expandDone:
+		case expand.Done:
 			ps, pv = es, ev
-		case expandBroken:
+		case expand.Broken:
 			ps = es // the payload stays the string: Debezium's state after a failed toConnectData
 		}
 	}
@@ -234,7 +235,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		}
 		envSchema.Fields = append(envSchema.Fields, connect.Field{Name: "payload", Schema: ps})
 		envVal = connect.Value{Kind: connect.KindStruct, List: []connect.Value{pv}}
-		if exp == expandBroken {
+		if exp == expand.Broken {
 			return nil, topic, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it")
 		}
 		for _, f := range cfg.AdditionalFields {
@@ -461,17 +462,17 @@ func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s 
 
 // appendValue encodes the value with a JSON or string converter; null
 // reports a Kafka null.
-func (r *Router) appendValue(buf []byte, exp expandResult, ps *connect.Schema, pv *connect.Value, envSchema *connect.Schema, envVal *connect.Value) ([]byte, bool, error) {
+func (r *Router) appendValue(buf []byte, exp expand.Result, ps *connect.Schema, pv *connect.Value, envSchema *connect.Schema, envVal *connect.Value) ([]byte, bool, error) {
 	f := r.cfg.ValueFormat
-	structured := envSchema != nil || exp == expandDone
+	structured := envSchema != nil || exp == expand.Done
 	if envSchema == nil {
 		envSchema, envVal = ps, pv
 	}
 	switch {
-	case exp == expandBroken && envSchema == ps && ps != nil && f != FormatString:
+	case exp == expand.Broken && envSchema == ps && ps != nil && f != FormatString:
 		return buf, false, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it; JsonConverter fails on it")
 	case f == FormatJSONSchema:
-		if exp == expandBroken && ps == nil {
+		if exp == expand.Broken && ps == nil {
 			buf = append(buf, `{"schema":null,"payload":`...)
 			buf = connect.AppendJSONString(buf, pv.Bytes)
 			return append(buf, '}'), false, nil
@@ -480,7 +481,7 @@ func (r *Router) appendValue(buf []byte, exp expandResult, ps *connect.Schema, p
 	case f == FormatJSON || structured:
 		// StringConverter would print Struct.toString() here; we write what
 		// JsonConverter (schemas.enable=false) writes instead.
-		if exp == expandBroken && ps == nil {
+		if exp == expand.Broken && ps == nil {
 			return connect.AppendJSONString(buf, pv.Bytes), false, nil
 		}
 		return connect.AppendValueJSON(buf, envSchema, envVal), false, nil

@@ -1,4 +1,10 @@
-package route
+// Package expand reproduces Debezium's table.expand.json.payload: Jackson's
+// readTree of the payload text, then the schema inference and conversion of
+// io.debezium.transforms.outbox.JsonSchemaData (toConnectSchema,
+// toConnectData), with the same numbers, the same merging of array element
+// schemas and the same failures, so that an expanded value equals
+// Debezium's, and a payload Debezium leaves as a string is left too.
+package expand
 
 import (
 	"errors"
@@ -11,10 +17,6 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/route/connect"
 )
-
-// This file reproduces table.expand.json.payload: Jackson's readTree, then
-// io.debezium.transforms.outbox.JsonSchemaData's schema inference
-// (toConnectSchema) and conversion (toConnectData).
 
 type jkind uint8
 
@@ -365,10 +367,10 @@ func (p *jparser) number() (*jnode, error) {
 	}
 }
 
-// expander holds the JsonSchemaData options.
-type expander struct {
-	nullAsBytes       bool // table.json.payload.null.behavior=optional_bytes
-	emptyArrayAsArray bool // table.json.payload.empty.array.behavior=optional_string
+// Expander holds the JsonSchemaData options.
+type Expander struct {
+	NullAsBytes       bool // table.json.payload.null.behavior=optional_bytes
+	EmptyArrayAsArray bool // table.json.payload.empty.array.behavior=optional_string
 }
 
 var (
@@ -387,7 +389,7 @@ type inferError struct{ msg string }
 func (e *inferError) Error() string { return e.msg }
 
 // schemaOf is JsonSchemaData.toConnectSchema; key nil is Java's null.
-func (x *expander) schemaOf(key *string, n *jnode) (*connect.Schema, error) {
+func (x *Expander) schemaOf(key *string, n *jnode) (*connect.Schema, error) {
 	switch n.kind {
 	case jString:
 		return optString, nil
@@ -401,7 +403,7 @@ func (x *expander) schemaOf(key *string, n *jnode) (*connect.Schema, error) {
 		return optFloat64, nil
 	case jArray:
 		if len(n.arr) == 0 {
-			if x.emptyArrayAsArray {
+			if x.EmptyArrayAsArray {
 				return &connect.Schema{Type: connect.TypeArray, Optional: true, Items: optString}, nil
 			}
 			return nil, nil
@@ -431,7 +433,7 @@ func (x *expander) schemaOf(key *string, n *jnode) (*connect.Schema, error) {
 		}
 		return s, nil
 	case jNull:
-		if x.nullAsBytes {
+		if x.NullAsBytes {
 			return optBytes, nil
 		}
 	}
@@ -444,7 +446,7 @@ func sameNodeType(a, b *jnode) bool {
 }
 
 // arraySchema is JsonSchemaData.toConnectSchemaWithCycles.
-func (x *expander) arraySchema(key *string, n *jnode) (*connect.Schema, error) {
+func (x *Expander) arraySchema(key *string, n *jnode) (*connect.Schema, error) {
 	// getFirstArrayElement: the first non-null element, all of one JSON type,
 	// numbers all of one Connect schema.
 	var sample, refSchema *connect.Schema
@@ -627,31 +629,31 @@ func validate(s *connect.Schema, v *connect.Value) error {
 	return nil
 }
 
-// expandResult is what EventRouterDelegate's expansion leaves behind.
-type expandResult uint8
+// Result is what EventRouterDelegate's expansion leaves behind.
+type Result uint8
 
 const (
-	expandKept   expandResult = iota // parse or inference failed: payload and schema unchanged
-	expandDone                       // payload is the struct, schema its schema
-	expandBroken                     // schema replaced (maybe by null), payload still the string
+	Kept   Result = iota // parse or inference failed: payload and schema unchanged
+	Done                 // payload is the struct, schema its schema
+	Broken               // schema replaced (maybe by null), payload still the string
 )
 
-// expand runs the EventRouter's expansion of a string payload.
-func (x *expander) expand(payload []byte, field string) (expandResult, *connect.Schema, connect.Value) {
+// Expand runs the EventRouter's expansion of a string payload.
+func (x *Expander) Expand(payload []byte, field string) (Result, *connect.Schema, connect.Value) {
 	if len(payload) == 0 || payload[0] != '{' && payload[0] != '[' {
-		return expandKept, nil, connect.Value{}
+		return Kept, nil, connect.Value{}
 	}
 	n, err := parseJSONTree(payload)
 	if err != nil {
-		return expandKept, nil, connect.Value{}
+		return Kept, nil, connect.Value{}
 	}
 	s, err := x.schemaOf(&field, n)
 	if err != nil {
-		return expandKept, nil, connect.Value{}
+		return Kept, nil, connect.Value{}
 	}
 	v, err := structOf(n, s)
 	if err != nil {
-		return expandBroken, s, connect.Value{}
+		return Broken, s, connect.Value{}
 	}
-	return expandDone, s, v
+	return Done, s, v
 }
