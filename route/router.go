@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/route/avro"
 	"github.com/pgoutbox/pgoutbox/route/connect"
 	"github.com/pgoutbox/pgoutbox/route/expand"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -20,7 +21,7 @@ type Router struct {
 	envelope bool // some field is placed in the envelope
 	required map[string]bool
 	x        expand.Expander
-	avro     *avroEncoder
+	avro     *avro.Encoder
 	now      func() time.Time
 }
 
@@ -59,7 +60,7 @@ func NewContext(ctx context.Context, cfg Config) (*Router, error) {
 		}
 	}
 	if cfg.ValueFormat == FormatAvro {
-		r.avro, err = newAvroEncoder(ctx, &r.cfg)
+		r.avro, err = r.newAvro(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -318,9 +319,10 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	case cfg.ValueFormat == FormatAvro:
 		val.off = len(buf)
 		var null bool
-		buf, null, err = r.avro.encode(ctx, buf, topic, payloadCol, &pv, envSchema, &envVal)
+		jsonText := payloadCol != nil && kindOf(payloadCol.Type) == kJSON
+		buf, null, err = r.avro.Encode(ctx, buf, topic, jsonText, &pv, envSchema, &envVal)
 		if err != nil {
-			return nil, topic, err
+			return nil, topic, avroError(err)
 		}
 		val.end, val.null = len(buf), null
 	default:
@@ -551,4 +553,32 @@ func (r *Router) timestamp(row *Row) (int64, error) {
 		return 0, errorf(ClassInvalidPayload, nil, "Invalid record timestamp %d (before 1970): Kafka Connect rejects it", ms)
 	}
 	return ms, nil
+}
+
+// newAvro starts the Avro encoder: the registry's client, and the schemas
+// of AvroSchemas and AvroSchemaDir registered.
+func (r *Router) newAvro(ctx context.Context) (*avro.Encoder, error) {
+	files, err := r.cfg.avroSchemaFiles()
+	if err != nil {
+		return nil, err
+	}
+	return avro.New(ctx, avro.Options{
+		URLs: r.cfg.RegistryURLs, User: r.cfg.RegistryUser, Password: r.cfg.RegistryPassword,
+		Subject: r.cfg.AvroSubject, Schemas: files,
+	})
+}
+
+// avroError is the Avro encoder's error as a routing error: the registry's
+// fault is retried (ClassRegistry), the value's or its schema's is the
+// row's (ClassSchema).
+func avroError(err error) error {
+	var ae *avro.Error
+	if !errors.As(err, &ae) {
+		return err
+	}
+	class := ClassSchema
+	if ae.Registry {
+		class = ClassRegistry
+	}
+	return errorf(class, ae.Err, "%s", ae.Msg)
 }

@@ -27,10 +27,6 @@ const (
 	connectTimestampName = "org.apache.kafka.connect.data.Timestamp"
 )
 
-// decimalPrecisionParam is the Decimal schema parameter Debezium adds for a
-// declared precision (and Confluent's AvroData reads).
-const decimalPrecisionParam = "connect.decimal.precision"
-
 // colKind is how a PostgreSQL type becomes a Connect value.
 type colKind uint8
 
@@ -164,7 +160,7 @@ func colSchema(c *Column, optional bool, v *connect.Value) *connect.Schema {
 		var params [][2]string
 		if precision, scale, ok := numericPrecisionScale(c.TypeMod); c.HasTypeMod && ok {
 			// Decimal.builder(scale) then the precision, in that order.
-			params = [][2]string{{"scale", strconv.Itoa(int(scale))}, {decimalPrecisionParam, strconv.Itoa(int(precision))}}
+			params = [][2]string{{"scale", strconv.Itoa(int(scale))}, {connect.DecimalPrecisionParam, strconv.Itoa(int(precision))}}
 		} else if c.HasTypeMod {
 			return varScaleSchemas[o]
 		} else {

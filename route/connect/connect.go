@@ -37,6 +37,10 @@ var ctypeNames = [...]string{"string", "bytes", "boolean", "int8", "int16", "int
 // holding the unscaled value, its scale a schema parameter.
 const DecimalSchemaName = "org.apache.kafka.connect.data.Decimal"
 
+// DecimalPrecisionParam is the Decimal schema parameter Debezium adds for a
+// declared precision (and Confluent's AvroData reads).
+const DecimalPrecisionParam = "connect.decimal.precision"
+
 // String is the type's name in a JSON schema (Schema.Type.getName()).
 func (t Type) String() string { return ctypeNames[t] }
 

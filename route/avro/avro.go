@@ -1,4 +1,11 @@
-package route
+// Package avro writes values in Confluent's wire format against a schema
+// registry, as Confluent's AvroConverter does for Debezium: magic byte 0,
+// the schema id (4 bytes, big-endian), then the Avro binary datum. The datum
+// is the value's JSON (the payload, or the envelope) read by the subject's
+// schema; a string schema takes the payload text as it is. The subject's
+// schema is registered at start (from files) or looked up once, the
+// latest version.
+package avro
 
 import (
 	"context"
@@ -15,10 +22,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 )
 
-// avroEncoder writes values in the Confluent wire format: magic byte 0, the
-// schema id (4 bytes, big-endian), then the Avro binary datum. The datum is
-// the payload JSON (or the JSON envelope) converted by the subject's schema.
-type avroEncoder struct {
+// Encoder encodes values; it is safe for concurrent use.
+type Encoder struct {
 	cl      *sr.Client
 	subject string // with ${topic}
 
@@ -35,28 +40,60 @@ type avroSchema struct {
 // registryTimeout bounds one registry request.
 const registryTimeout = 10 * time.Second
 
-func newAvroEncoder(ctx context.Context, cfg *Config) (*avroEncoder, error) {
-	opts := []sr.ClientOpt{sr.URLs(cfg.RegistryURLs...), sr.HTTPClient(&http.Client{Timeout: registryTimeout}), sr.UserAgent("pgoutbox-route")}
-	if cfg.RegistryUser != "" || cfg.RegistryPassword != "" {
-		opts = append(opts, sr.BasicAuth(cfg.RegistryUser, cfg.RegistryPassword))
+// Options configure an Encoder.
+type Options struct {
+	// URLs are the registry's; User and Password its basic
+	// authentication, when set.
+	URLs           []string
+	User, Password string
+	// Subject is the subject a topic's value schema lives under, with
+	// "${topic}".
+	Subject string
+	// Schemas are registered under their subjects at New.
+	Schemas map[string]string
+}
+
+// Error is a value that cannot be encoded. Registry says the registry is at
+// fault (retry the value as it is) rather than the value or the subject's
+// schema (the row cannot be encoded by retrying).
+type Error struct {
+	Registry bool
+	Msg      string
+	Err      error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return e.Msg + ": " + e.Err.Error()
 	}
-	cl, err := sr.NewClient(opts...)
+	return e.Msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func errorf(registry bool, err error, format string, args ...any) *Error {
+	return &Error{Registry: registry, Msg: fmt.Sprintf(format, args...), Err: err}
+}
+
+// New connects to the registry and registers opts.Schemas.
+func New(ctx context.Context, opts Options) (*Encoder, error) {
+	copts := []sr.ClientOpt{sr.URLs(opts.URLs...), sr.HTTPClient(&http.Client{Timeout: registryTimeout}), sr.UserAgent("pgoutbox-route")}
+	if opts.User != "" || opts.Password != "" {
+		copts = append(copts, sr.BasicAuth(opts.User, opts.Password))
+	}
+	cl, err := sr.NewClient(copts...)
 	if err != nil {
 		return nil, fmt.Errorf("schema registry client: %w", err)
 	}
-	e := &avroEncoder{cl: cl, subject: cfg.AvroSubject, schemas: map[string]*avroSchema{}}
-	files, err := cfg.avroSchemaFiles()
-	if err != nil {
-		return nil, err
-	}
-	for subject, text := range files {
+	e := &Encoder{cl: cl, subject: opts.Subject, schemas: map[string]*avroSchema{}}
+	for subject, text := range opts.Schemas {
 		codec, err := avroCodec(text)
 		if err != nil {
 			return nil, fmt.Errorf("Avro schema for subject %q: %w", subject, err)
 		}
 		ss, err := cl.CreateSchema(ctx, subject, sr.Schema{Schema: text, Type: sr.TypeAvro})
 		if err != nil {
-			return nil, fmt.Errorf("register Avro schema for subject %q at %s: %w", subject, strings.Join(cfg.RegistryURLs, ","), err)
+			return nil, fmt.Errorf("register Avro schema for subject %q at %s: %w", subject, strings.Join(opts.URLs, ","), err)
 		}
 		e.schemas[subject] = &avroSchema{id: ss.ID, codec: codec, isString: isStringSchema(codec)}
 	}
@@ -76,7 +113,7 @@ func isStringSchema(c *goavro.Codec) bool {
 
 // lookup returns the subject's schema, from the registry's latest version
 // the first time it is asked for.
-func (e *avroEncoder) lookup(ctx context.Context, subject string) (*avroSchema, error) {
+func (e *Encoder) lookup(ctx context.Context, subject string) (*avroSchema, error) {
 	e.mu.RLock()
 	s := e.schemas[subject]
 	e.mu.RUnlock()
@@ -91,19 +128,19 @@ func (e *avroEncoder) lookup(ctx context.Context, subject string) (*avroSchema, 
 			// as the registry's error code says) is this row's problem, not
 			// the registry's: dead-letter it. A 404 without those codes is a
 			// wrong registry URL: retried, never dead-lettered.
-			return nil, errorf(ClassSchema, err, "no Avro schema registered under subject %q", subject)
+			return nil, errorf(false, err, "no Avro schema registered under subject %q", subject)
 		}
-		return nil, errorf(ClassRegistry, err, "look up the Avro schema of subject %q", subject)
+		return nil, errorf(true, err, "look up the Avro schema of subject %q", subject)
 	}
 	if ss.Type != sr.TypeAvro {
-		return nil, errorf(ClassSchema, nil, "subject %q holds a %s schema, not Avro", subject, ss.Type)
+		return nil, errorf(false, nil, "subject %q holds a %s schema, not Avro", subject, ss.Type)
 	}
 	if len(ss.References) > 0 {
-		return nil, errorf(ClassSchema, nil, "subject %q: schemas with references are not supported", subject)
+		return nil, errorf(false, nil, "subject %q: schemas with references are not supported", subject)
 	}
 	codec, err := avroCodec(ss.Schema.Schema)
 	if err != nil {
-		return nil, errorf(ClassSchema, err, "subject %q: the registry's schema does not compile", subject)
+		return nil, errorf(false, err, "subject %q: the registry's schema does not compile", subject)
 	}
 	s = &avroSchema{id: ss.ID, codec: codec, isString: isStringSchema(codec)}
 	e.mu.Lock()
@@ -116,11 +153,14 @@ func (e *avroEncoder) lookup(ctx context.Context, subject string) (*avroSchema, 
 	return s, nil
 }
 
-// encode appends the value: a null payload is a null value (the Confluent
-// serializer's null); a bytea payload is taken to be Avro already framed
-// by the application (Debezium's documented BinaryDataConverter setup) and
-// goes out as it is.
-func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *Column, pv *connect.Value, envSchema *connect.Schema, envVal *connect.Value) ([]byte, bool, error) {
+// Encode appends the value for topic and reports a null value: a null
+// payload is a null value (the Confluent serializer's null); a bytea
+// payload is taken to be Avro already framed by the application
+// (Debezium's documented BinaryDataConverter setup) and goes out as it is.
+// pv is the payload (payloadJSON: a json or jsonb column's text); with
+// envSchema the value is the envelope envVal, whose first field is the
+// payload. An error is an *Error.
+func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJSON bool, pv *connect.Value, envSchema *connect.Schema, envVal *connect.Value) ([]byte, bool, error) {
 	if envSchema == nil {
 		switch pv.Kind {
 		case connect.KindNull:
@@ -140,7 +180,7 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 	} else {
 		var text []byte
 		if envSchema == nil {
-			text = appendAvroJSON(nil, pc, nil, pv)
+			text = appendAvroJSON(nil, payloadJSON, nil, pv)
 		} else {
 			text = append(text, '{')
 			for i, f := range envSchema.Fields {
@@ -150,9 +190,9 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 				text = connect.AppendJSONStr(text, f.Name)
 				text = append(text, ':')
 				if i == 0 {
-					text = appendAvroJSON(text, pc, nil, &envVal.List[0])
+					text = appendAvroJSON(text, payloadJSON, nil, &envVal.List[0])
 				} else {
-					text = appendAvroJSON(text, nil, f.Schema, &envVal.List[i])
+					text = appendAvroJSON(text, false, f.Schema, &envVal.List[i])
 				}
 			}
 			text = append(text, '}')
@@ -163,14 +203,14 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 			err = fmt.Errorf("trailing data after the JSON value")
 		}
 		if err != nil {
-			return buf, false, errorf(ClassSchema, err, "payload does not conform to the Avro schema of subject %q (id %d)", subject, s.id)
+			return buf, false, errorf(false, err, "payload does not conform to the Avro schema of subject %q (id %d)", subject, s.id)
 		}
 	}
 	buf = append(buf, 0)
 	buf = binary.BigEndian.AppendUint32(buf, uint32(s.id))
 	out, err := s.codec.BinaryFromNative(buf, native)
 	if err != nil {
-		return buf, false, errorf(ClassSchema, err, "payload does not conform to the Avro schema of subject %q (id %d)", subject, s.id)
+		return buf, false, errorf(false, err, "payload does not conform to the Avro schema of subject %q (id %d)", subject, s.id)
 	}
 	return out, false, nil
 }
@@ -183,15 +223,15 @@ func (e *avroEncoder) encode(ctx context.Context, buf []byte, topic string, pc *
 // the record {"scale": int, "value": bytes}, a Decimal of known precision as
 // the bytes of its unscaled value (Avro's decimal logical type). Without
 // the declaration a numeric stays a JSON number (fits a double).
-func appendAvroJSON(dst []byte, c *Column, s *connect.Schema, v *connect.Value) []byte {
+func appendAvroJSON(dst []byte, jsonText bool, s *connect.Schema, v *connect.Value) []byte {
 	switch {
-	case v.Kind == connect.KindStr && c != nil && kindOf(c.Type) == kJSON:
+	case v.Kind == connect.KindStr && jsonText:
 		return append(dst, v.Bytes...)
 	case v.Kind == connect.KindBytes:
 		return appendAvroBytesJSON(dst, v.Bytes)
 	case v.Kind == connect.KindVarDec:
 		return connect.AppendVarDecimal(dst, v.Dec, appendAvroBytesJSON)
-	case v.Kind == connect.KindDec && s != nil && s.Name == connect.DecimalSchemaName && s.HasParam(decimalPrecisionParam):
+	case v.Kind == connect.KindDec && s != nil && s.Name == connect.DecimalSchemaName && s.HasParam(connect.DecimalPrecisionParam):
 		return appendAvroBytesJSON(dst, connect.TwosComplement(&v.Dec.Unscaled))
 	}
 	return connect.AppendValueJSON(dst, nil, v)
