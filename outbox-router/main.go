@@ -42,7 +42,9 @@ func main() { cli.Main("outbox-router", envRule(), run) }
 // envRule: the router refuses OUTBOX_* variables it does not read; a
 // connector setting (the router reads none of them: no database, no slot)
 // would seem to apply and be ignored.
-func envRule() iconfig.EnvRule { return iconfig.EnvRule{Prefixes: []string{"OUTBOX_"}, Known: EnvVars()} }
+func envRule() iconfig.EnvRule {
+	return iconfig.EnvRule{Prefixes: []string{"OUTBOX_"}, Known: EnvVars()}
+}
 
 // config is the binary's settings.
 type config struct {

@@ -35,7 +35,9 @@ import (
 func main() { cli.Main("slotwatch", envRule(), run) }
 
 // envRule: slotwatch refuses SLOTWATCH_* variables it does not read.
-func envRule() iconfig.EnvRule { return iconfig.EnvRule{Prefixes: []string{"SLOTWATCH_"}, Known: config.EnvVars()} }
+func envRule() iconfig.EnvRule {
+	return iconfig.EnvRule{Prefixes: []string{"SLOTWATCH_"}, Known: config.EnvVars()}
+}
 
 // shutdownTimeout bounds the HTTP server's graceful stop.
 const shutdownTimeout = 5 * time.Second
