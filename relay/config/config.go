@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/url"
@@ -176,8 +177,8 @@ func (c *Config) Validate() error {
 	if !identRE.MatchString(c.Publication) {
 		errs = append(errs, fmt.Errorf("OUTBOX_PUBLICATION: %q is not a valid publication name; use lower-case letters, digits and _", c.Publication))
 	}
-	if c.Table.Name == "" {
-		errs = append(errs, errors.New("OUTBOX_TABLE: missing; set it to schema.table, e.g. public.outbox"))
+	if !tableIdentRE.MatchString(c.Table.Schema) || !tableIdentRE.MatchString(c.Table.Name) {
+		errs = append(errs, fmt.Errorf("OUTBOX_TABLE: %q is not schema.table of plain identifiers (letters, digits, _ and $, at most 63, case kept)", c.Table.String()))
 	}
 	if c.Snapshot != "initial" && c.Snapshot != "never" {
 		errs = append(errs, fmt.Errorf("OUTBOX_SNAPSHOT: %q; use initial or never", c.Snapshot))
@@ -265,6 +266,9 @@ func (t *Table) Set(s string) error {
 
 // String is schema.table.
 func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// LogValue logs schema.table (a JSON log would show the struct).
+func (t Table) LogValue() slog.Value { return slog.StringValue(t.String()) }
 
 // TopicConfigs are the configs of created topics, parsed once from
 // k=v,k=v when the setting is read (a flag.Value).

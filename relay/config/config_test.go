@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -132,5 +133,22 @@ func TestParsedOnce(t *testing.T) {
 	c2.Bind(fs, func(string) string { return "" })
 	if err := fs.Parse([]string{"-table", "x.y.z"}); err == nil {
 		t.Error("a malformed -table was taken")
+	}
+}
+
+// TestTableLogged: the table is logged as schema.table in either format,
+// and a table built in code is validated as one read from a setting.
+func TestTableLogged(t *testing.T) {
+	var buf bytes.Buffer
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("starting", "table", Table{"Sales", "OutBox"})
+	if !strings.Contains(buf.String(), `"table":"Sales.OutBox"`) {
+		t.Errorf("JSON log: %s", buf.String())
+	}
+	c, _ := parse(t, nil)
+	c.PGDSN = "postgres://u@db/app"
+	c.Kafka.Brokers = "k:9092"
+	c.Table = Table{Schema: "", Name: "outbox"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "OUTBOX_TABLE") {
+		t.Errorf("Validate of a table without schema: %v", err)
 	}
 }
