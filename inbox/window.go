@@ -139,9 +139,9 @@ func retentionOrDefault(retention time.Duration, window *Window, log *slog.Logge
 		if log == nil {
 			log = slog.Default()
 		}
-		log.Warn("inbox Retention is inside the duplicate window of a deployment on the defaults; "+
+		log.With("component", "inbox").Warn("inbox Retention is inside the duplicate window of a deployment on the defaults; "+
 			"state your deployment's window in Config.Window (inbox.Window{...}) to check it against your outbox and topic settings",
-			"component", "inbox", "retention", retention, "duplicate_window", DefaultWindow().Bound(), "err", err)
+			"retention", retention, "duplicate_window", DefaultWindow().Bound(), "err", err)
 	}
 	return retention, nil
 }
