@@ -54,8 +54,8 @@ type Schema struct {
 	Version    int32
 	Doc        string
 	Params     [][2]string
-	Fields     []Field // tStruct
-	Items      *Schema // tArray
+	Fields     []Field // TypeStruct
+	Items      *Schema // TypeArray
 }
 
 type Field struct {
@@ -129,11 +129,11 @@ const (
 // Value is a Connect value.
 type Value struct {
 	Kind  Kind
-	Bytes []byte // dStr, dBytes
-	Int   int64  // dI16, dI32, dI64, dBool (0/1)
+	Bytes []byte // KindStr, KindBytes
+	Int   int64  // KindI16, KindI32, KindI64, KindBool (0/1)
 	Float float64
-	Dec   *Decimal // dDec, dVarDec
-	List  []Value  // dStruct (in schema field order; unset fields are dNull), dList
+	Dec   *Decimal // KindDec, KindVarDec
+	List  []Value  // KindStruct (in schema field order; unset fields are KindNull), KindList
 }
 
 // AppendSchemaJSON writes a schema as JsonConverter.asJsonSchema does; with
