@@ -124,9 +124,11 @@ func (h *componentHandler) Handle(ctx context.Context, r slog.Record) error {
 func (h *componentHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	merged := slices.Clone(h.attrs)
 	for _, a := range attrs {
-		if i := slices.IndexFunc(merged, func(m slog.Attr) bool { return m.Key == "component" }); a.Key == "component" && i >= 0 {
-			merged[i] = a
-			continue
+		if a.Key == "component" {
+			if i := slices.IndexFunc(merged, func(m slog.Attr) bool { return m.Key == "component" }); i >= 0 {
+				merged[i] = a
+				continue
+			}
 		}
 		merged = append(merged, a)
 	}

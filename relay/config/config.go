@@ -178,7 +178,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("OUTBOX_PUBLICATION: %q is not a valid publication name; use lower-case letters, digits and _", c.Publication))
 	}
 	if !tableIdentRE.MatchString(c.Table.Schema) || !tableIdentRE.MatchString(c.Table.Name) {
-		errs = append(errs, fmt.Errorf("OUTBOX_TABLE: %q is not schema.table of plain identifiers (letters, digits, _ and $, at most 63, case kept)", c.Table.String()))
+		errs = append(errs, fmt.Errorf("OUTBOX_TABLE: %w", notTable(c.Table.String())))
 	}
 	if c.Snapshot != "initial" && c.Snapshot != "never" {
 		errs = append(errs, fmt.Errorf("OUTBOX_SNAPSHOT: %q; use initial or never", c.Snapshot))
@@ -258,10 +258,14 @@ func (t *Table) Set(s string) error {
 		schema, table = "public", s
 	}
 	if !tableIdentRE.MatchString(schema) || !tableIdentRE.MatchString(table) {
-		return fmt.Errorf("%q is not schema.table of plain identifiers (letters, digits, _ and $, at most 63, case kept)", s)
+		return notTable(s)
 	}
 	*t = Table{Schema: schema, Name: table}
 	return nil
+}
+
+func notTable(s string) error {
+	return fmt.Errorf("%q is not schema.table of plain identifiers (letters, digits, _ and $, at most 63, case kept)", s)
 }
 
 // String is schema.table.
