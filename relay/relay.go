@@ -488,6 +488,9 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		r.log.Warn("OUTBOX_ACCEPT_SLOT_RESET=true: continuing from the slot's position although events may have been skipped", "slot", slot, "err", err)
 		st.SystemID = systemID
 		st.Confirmed = info.ConfirmedFlush
+		// The exactly-once positions in Kafka belong to the slot's old
+		// history: a new one starts (see exactlyOnce).
+		st.OffsetsEpoch, st.OffsetsLSN = 0, 0
 		if err := save(checkpoint.ResetState, st); err != nil {
 			return 0, st, nil, err
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
+	"github.com/pgoutbox/pgoutbox/relay/offsets"
 	"github.com/pgoutbox/pgoutbox/relay/publish"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -86,15 +87,24 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	}
 	l.established.Store(true)
 
-	prod := publish.New(r.producerConfig(l), kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
 	start, st, snapshot, err := r.prepareSlot(stop.read, t, c.conn, c.rconn, sys.SystemID, db)
-	if err != nil {
-		if stop.term.Err() != nil {
-			return t.Err()
+	if err == nil {
+		var eo *publish.Offsets
+		eo, err = r.exactlyOnce(stop.read, kcl, c, sys, db, &st, t.Token)
+		if err == nil {
+			cfg := r.producerConfig(l)
+			cfg.Offsets = eo
+			prod := publish.New(cfg, kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
+			return r.stream(stop, c, pool, prod, eo, snapshot, st, start)
 		}
-		return err
+		if snapshot != nil {
+			snapshot.close(stop.soft)
+		}
 	}
-	return r.stream(stop, c, pool, prod, snapshot, st, start)
+	if stop.term.Err() != nil {
+		return t.Err()
+	}
+	return err
 }
 
 // stopper is how one session stops, decided in one place. A soft stop (the
@@ -280,15 +290,10 @@ func (r *Relay) fence(stop *stopper, kcl *kgo.Client, c *conns, txnID string) er
 // at a soft stop, at once at a hard one. The producer runs from the first
 // event to the last, the state writer while the stream runs; both are
 // joined before it returns.
-func (r *Relay) stream(stop *stopper, c *conns, pool *pgxpool.Pool, prod *publish.Producer, snapshot *snapshot, st checkpoint.State, start uint64) error {
+func (r *Relay) stream(stop *stopper, c *conns, pool *pgxpool.Pool, prod *publish.Producer, eo *publish.Offsets, snapshot *snapshot, st checkpoint.State, start uint64) error {
 	tr := tracker.New(start)
 	r.cur.Store(tr)
 	events := make(chan wal.Event, handOver)
-
-	// Each group holds one goroutine; Wait joins it and returns its error
-	// (the same at every call).
-	var producing, writing errgroup.Group
-	producing.Go(func() error { return prod.Run(stop.hard, events, stop.cutRead) })
 
 	sw := checkpoint.NewWriter(c.conn, st, tr, stop.t, r.faults, func(lsn uint64) {
 		r.confirmed.Store(lsn)
@@ -297,6 +302,16 @@ func (r *Relay) stream(stop *stopper, c *conns, pool *pgxpool.Pool, prod *publis
 		r.lookStall(time.Now())
 	})
 	r.confirmed.Store(min(st.Confirmed, start))
+	if eo != nil {
+		// The state row records the newest position Kafka committed, so
+		// that a start finding the offsets topic behind it says so.
+		eo.Committed = func(p offsets.Position) { sw.KafkaCommitted(p.Commit) }
+	}
+
+	// Each group holds one goroutine; Wait joins it and returns its error
+	// (the same at every call).
+	var producing, writing errgroup.Group
+	producing.Go(func() error { return prod.Run(stop.hard, events, stop.cutRead) })
 
 	var streamErr error
 	if snapshot != nil {

@@ -1,13 +1,22 @@
 -- What the connector promised about its slot, written before each
 -- confirmation it records is sent, so that a slot that moved behind its back
 -- (recreated, advanced) is detected at start instead of skipping events.
+-- offsets_epoch names the history the exactly-once positions in Kafka are
+-- valid in (a new one whenever the slot is created again), and offsets_lsn
+-- is the newest position the connector saw Kafka commit in it: a start that
+-- finds the offsets topic behind it (deleted, emptied) says so instead of
+-- publishing again silently.
 CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     slot_name          text        PRIMARY KEY,
     system_identifier  text        NOT NULL,
     confirmed_lsn      pg_lsn      NOT NULL,
     snapshot_done      boolean     NOT NULL DEFAULT false,
-    updated_at         timestamptz NOT NULL DEFAULT now()
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    offsets_epoch      bigint,
+    offsets_lsn        pg_lsn
 );
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_epoch bigint;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_lsn pg_lsn;
 
 -- The leader lease (one row per slot): the holder, a fencing token that grows
 -- on every acquisition, and an expiry computed with the database's clock.

@@ -9,10 +9,12 @@ import (
 // each column there, the lease table's later column added to old ones too.
 func TestStatements(t *testing.T) {
 	state := Statements("public.outbox_connector_state")
-	if len(state) != 1 || !strings.HasPrefix(state[0], "CREATE TABLE IF NOT EXISTS public.outbox_connector_state (") {
+	if len(state) != 3 || !strings.HasPrefix(state[0], "CREATE TABLE IF NOT EXISTS public.outbox_connector_state (") ||
+		state[1] != "ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_epoch bigint" ||
+		state[2] != "ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_lsn pg_lsn" {
 		t.Fatalf("state table: %q", state)
 	}
-	for _, col := range []string{"slot_name", "system_identifier", "confirmed_lsn", "snapshot_done", "updated_at"} {
+	for _, col := range []string{"slot_name", "system_identifier", "confirmed_lsn", "snapshot_done", "updated_at", "offsets_epoch", "offsets_lsn"} {
 		if !strings.Contains(state[0], col) {
 			t.Errorf("state table lacks %s: %s", col, state[0])
 		}

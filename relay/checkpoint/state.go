@@ -31,6 +31,11 @@ type State struct {
 	SystemID     string
 	Confirmed    uint64
 	SnapshotDone bool
+	// OffsetsEpoch names the history the exactly-once positions in Kafka
+	// belong to (0: none issued yet); OffsetsLSN is the commit LSN of the
+	// newest position the connector saw Kafka commit in it (0: none).
+	OffsetsEpoch int64
+	OffsetsLSN   uint64
 }
 
 // Creating reports a state row that records only the intent to create the
@@ -44,30 +49,46 @@ func (st State) Creating() bool { return st.Confirmed == 0 && !st.SnapshotDone }
 var stateDDL = schema.Statements("public.outbox_connector_state")
 
 const queryState = `
-SELECT system_identifier, confirmed_lsn::text, snapshot_done
+SELECT system_identifier, confirmed_lsn::text, snapshot_done, coalesce(offsets_epoch, 0), coalesce(offsets_lsn, '0/0')::text
 FROM public.outbox_connector_state WHERE slot_name = $1`
 
-// The confirmed position only moves forward (GREATEST), so a late or
-// repeated write can never make the check at start pass falsely.
-const upsertState = `
-INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, updated_at)
-VALUES ($1, $2, $3::pg_lsn, $4, now())
+// upsertSet is the update of a state row by a write that never moves
+// backwards: the confirmed position and the Kafka position only grow
+// (GREATEST ignores a NULL), and an epoch given replaces the row's (a new
+// history: its Kafka position starts again).
+const upsertSet = `
 ON CONFLICT (slot_name) DO UPDATE SET
     system_identifier = EXCLUDED.system_identifier,
     confirmed_lsn = GREATEST(outbox_connector_state.confirmed_lsn, EXCLUDED.confirmed_lsn),
     snapshot_done = outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done,
+    offsets_epoch = coalesce(EXCLUDED.offsets_epoch, outbox_connector_state.offsets_epoch),
+    offsets_lsn = CASE
+        WHEN EXCLUDED.offsets_epoch IS NULL THEN outbox_connector_state.offsets_lsn
+        WHEN EXCLUDED.offsets_epoch IS DISTINCT FROM outbox_connector_state.offsets_epoch THEN EXCLUDED.offsets_lsn
+        ELSE GREATEST(outbox_connector_state.offsets_lsn, EXCLUDED.offsets_lsn) END,
     updated_at = now()`
 
-// resetState is the one write that may move backwards: the operator accepted
-// a slot reset (OUTBOX_ACCEPT_SLOT_RESET) or the slot was recreated.
-const resetState = `
-INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, updated_at)
-VALUES ($1, $2, $3::pg_lsn, $4, now())
+// resetSet overwrites a state row.
+const resetSet = `
 ON CONFLICT (slot_name) DO UPDATE SET
     system_identifier = EXCLUDED.system_identifier,
     confirmed_lsn = EXCLUDED.confirmed_lsn,
     snapshot_done = EXCLUDED.snapshot_done,
+    offsets_epoch = EXCLUDED.offsets_epoch,
+    offsets_lsn = EXCLUDED.offsets_lsn,
     updated_at = now()`
+
+// The confirmed position only moves forward (GREATEST), so a late or
+// repeated write can never make the check at start pass falsely.
+const upsertState = `
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, now())` + upsertSet
+
+// resetState is the one write that may move backwards: the operator accepted
+// a slot reset (OUTBOX_ACCEPT_SLOT_RESET) or the slot was recreated.
+const resetState = `
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, now())` + resetSet
 
 // Fence makes a state write conditional on the leader lease of the state's
 // slot (public.outbox_lease): the write happens only while the lease's token
@@ -84,27 +105,18 @@ type Fence struct {
 // instance took over, and the write did not happen.
 var errFenced = fmt.Errorf("%w; the state was not written", lease.ErrFenced)
 
-// fenceCTE selects one row while the lease of slot $1 has token $5.
+// fenceCTE selects one row while the lease of slot $1 has token $7 (the
+// fenced statement's last parameter).
 const fenceCTE = `
-WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $5::bigint FOR SHARE)`
+WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $7::bigint FOR SHARE)`
 
 const upsertStateFenced = fenceCTE + `
-INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, updated_at)
-SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, now() FROM fence
-ON CONFLICT (slot_name) DO UPDATE SET
-    system_identifier = EXCLUDED.system_identifier,
-    confirmed_lsn = GREATEST(outbox_connector_state.confirmed_lsn, EXCLUDED.confirmed_lsn),
-    snapshot_done = outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done,
-    updated_at = now()`
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, now() FROM fence` + upsertSet
 
 const resetStateFenced = fenceCTE + `
-INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, updated_at)
-SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, now() FROM fence
-ON CONFLICT (slot_name) DO UPDATE SET
-    system_identifier = EXCLUDED.system_identifier,
-    confirmed_lsn = EXCLUDED.confirmed_lsn,
-    snapshot_done = EXCLUDED.snapshot_done,
-    updated_at = now()`
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, now() FROM fence` + resetSet
 
 const setStateExact = `UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn, updated_at = now() WHERE slot_name = $1`
 
@@ -152,6 +164,20 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("look up outbox_connector_state: %w", err)
 	}
 	if exists {
+		// A table made by an older connector lacks the exactly-once
+		// columns: add them (sql/004's ALTER TABLE statements).
+		var n int
+		if err := conn.QueryRow(ctx, queryStateColumns).Scan(&n); err != nil {
+			return fmt.Errorf("look up the columns of outbox_connector_state: %w", err)
+		}
+		if n == 2 {
+			return nil
+		}
+		for _, q := range stateDDL[1:] {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				return &fatal.Error{Msg: "the state table public.outbox_connector_state lacks the columns offsets_epoch and offsets_lsn, and this role cannot add them; apply sql/004_connector_state.sql again (its ALTER TABLE statements) as the table's owner", Err: err}
+			}
+		}
 		return nil
 	}
 	for _, q := range stateDDL {
@@ -162,11 +188,16 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+const queryStateColumns = `
+SELECT count(*) FROM pg_attribute
+WHERE attrelid = 'public.outbox_connector_state'::regclass AND attname IN ('offsets_epoch', 'offsets_lsn') AND NOT attisdropped`
+
 // LoadState reads the slot's state row; ok is false when there is none.
 func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, error) {
 	st := State{Slot: slot}
 	var lsn string
-	err := conn.QueryRow(ctx, queryState, slot).Scan(&st.SystemID, &lsn, &st.SnapshotDone)
+	var olsn string
+	err := conn.QueryRow(ctx, queryState, slot).Scan(&st.SystemID, &lsn, &st.SnapshotDone, &st.OffsetsEpoch, &olsn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, false, nil
 	}
@@ -178,12 +209,16 @@ func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, e
 		return st, false, fmt.Errorf("parse state LSN %q: %w", lsn, err)
 	}
 	st.Confirmed = uint64(l)
+	if l, err = pglogrepl.ParseLSN(olsn); err != nil {
+		return st, false, fmt.Errorf("parse state offsets LSN %q: %w", olsn, err)
+	}
+	st.OffsetsLSN = uint64(l)
 	return st, true, nil
 }
 
 // SaveState writes st, never moving the confirmed position backwards.
 func SaveState(ctx context.Context, conn Execer, st State, f Fence) error {
-	if err := write(ctx, conn, f, upsertState, upsertStateFenced, st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
+	if err := write(ctx, conn, f, upsertState, upsertStateFenced, st.args()...); err != nil {
 		return fmt.Errorf("save connector state for slot %q at %s: %w", st.Slot, wal.FormatLSN(st.Confirmed), err)
 	}
 	return nil
@@ -191,10 +226,23 @@ func SaveState(ctx context.Context, conn Execer, st State, f Fence) error {
 
 // ResetState overwrites the state row (accepted slot reset, new slot).
 func ResetState(ctx context.Context, conn Execer, st State, f Fence) error {
-	if err := write(ctx, conn, f, resetState, resetStateFenced, st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone); err != nil {
+	if err := write(ctx, conn, f, resetState, resetStateFenced, st.args()...); err != nil {
 		return fmt.Errorf("reset connector state for slot %q: %w", st.Slot, err)
 	}
 	return nil
+}
+
+// args are the parameters of the upserts: the epoch and the Kafka position
+// NULL when not set.
+func (st State) args() []any {
+	var epoch, olsn any
+	if st.OffsetsEpoch != 0 {
+		epoch = st.OffsetsEpoch
+	}
+	if st.OffsetsLSN != 0 {
+		olsn = wal.FormatLSN(st.OffsetsLSN)
+	}
+	return []any{st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone, epoch, olsn}
 }
 
 // CheckSlotAgainstState fails closed when the slot moved behind the

@@ -42,6 +42,9 @@ type Writer struct {
 	// tracker's progress count).
 	onAck   func(uint64)
 	durable atomic.Uint64 // the recorded promise
+	// offsets is the commit LSN of the newest exactly-once position Kafka
+	// committed, recorded with the next write (State.OffsetsLSN).
+	offsets atomic.Uint64
 	faults  fault.Hook
 }
 
@@ -56,6 +59,17 @@ func NewWriter(conn *pgx.Conn, st State, tr *tracker.Tracker, term *lease.Term, 
 // Confirmable is the position that may be confirmed to PostgreSQL: acked,
 // and covered by a recorded promise.
 func (w *Writer) Confirmable() uint64 { return min(w.tracker.Acked(), w.durable.Load()) }
+
+// KafkaCommitted records that Kafka committed an exactly-once position at
+// commit LSN lsn: the next write records it in the state row.
+func (w *Writer) KafkaCommitted(lsn uint64) {
+	for {
+		old := w.offsets.Load()
+		if lsn <= old || w.offsets.CompareAndSwap(old, lsn) {
+			return
+		}
+	}
+}
 
 // Durable is the recorded promise.
 func (w *Writer) Durable() uint64 { return w.durable.Load() }
@@ -120,6 +134,7 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 		return nil
 	}
 	st.Confirmed = target + promiseHeadroom
+	st.OffsetsLSN = max(st.OffsetsLSN, w.offsets.Load())
 	if err := w.faults.At(fault.BeforePromise); err != nil {
 		return err
 	}

@@ -88,6 +88,16 @@ type Config struct {
 	// when its transaction committed. false: idempotent producer, fenced only
 	// by the lease's timing.
 	Transactional bool
+	// OffsetsTopic is the compacted topic that holds the exactly-once
+	// position of every slot, written in each Kafka transaction
+	// (OUTBOX_KAFKA_OFFSETS_TOPIC, default outbox.connector.offsets; used
+	// only with Transactional).
+	OffsetsTopic string
+	// OnOffsetsLoss is what a start does when the offsets topic is missing,
+	// emptied or behind the state row (OUTBOX_ON_OFFSETS_LOSS): fail
+	// (default) stops with the choices; at-least-once continues from the
+	// slot's position, publishing again what the slot replays.
+	OnOffsetsLoss string
 	// TxnInterval is the longest a Kafka transaction stays open
 	// (OUTBOX_KAFKA_TXN_INTERVAL, default 100ms); it commits sooner when the
 	// stream has nothing more to hand over, or at OUTBOX_MAX_IN_FLIGHT records.
@@ -133,6 +143,8 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.String(&c.Compression, "kafka-compression", "OUTBOX_KAFKA_COMPRESSION", "lz4", "producer compression: none, gzip, snappy, lz4, zstd")
 	b.Duration(&c.Linger, "kafka-linger", "OUTBOX_KAFKA_LINGER", time.Millisecond, "how long the producer waits to fill a batch")
 	b.Bool(&c.Transactional, "kafka-transactional", "OUTBOX_KAFKA_TRANSACTIONAL", true, "produce in Kafka transactions so that a new leader fences the old one at the broker (false: idempotent producer)")
+	b.String(&c.OffsetsTopic, "kafka-offsets-topic", "OUTBOX_KAFKA_OFFSETS_TOPIC", "outbox.connector.offsets", "compacted topic holding the exactly-once position, written in every Kafka transaction")
+	b.String(&c.OnOffsetsLoss, "on-offsets-loss", "OUTBOX_ON_OFFSETS_LOSS", "fail", "when the offsets topic is missing, emptied or behind the state row: fail, or at-least-once (continue from the slot's position)")
 	b.Duration(&c.TxnInterval, "kafka-txn-interval", "OUTBOX_KAFKA_TXN_INTERVAL", 100*time.Millisecond, "longest a Kafka transaction stays open")
 	b.Int(&c.MaxMessageBytes, "kafka-max-message-bytes", "OUTBOX_KAFKA_MAX_MESSAGE_BYTES", 1048576, "largest record; larger events go to the outbox_dead_letter table")
 	b.Bool(&c.TopicCreate, "topic-create", "OUTBOX_TOPIC_CREATE", true, "create missing topics")
@@ -182,6 +194,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Snapshot != "initial" && c.Snapshot != "never" {
 		errs = append(errs, fmt.Errorf("OUTBOX_SNAPSHOT: %q; use initial or never", c.Snapshot))
+	}
+	if c.OnOffsetsLoss != "fail" && c.OnOffsetsLoss != "at-least-once" {
+		errs = append(errs, fmt.Errorf("OUTBOX_ON_OFFSETS_LOSS: %q; use fail or at-least-once", c.OnOffsetsLoss))
+	}
+	if c.Transactional && c.OffsetsTopic == "" {
+		errs = append(errs, errors.New("OUTBOX_KAFKA_OFFSETS_TOPIC is empty; name the topic for the exactly-once positions (default outbox.connector.offsets)"))
 	}
 	if c.StatusInterval <= 0 || c.StatusInterval > 30*time.Second {
 		errs = append(errs, fmt.Errorf("OUTBOX_STATUS_INTERVAL: %s; use a duration between 1ms and 30s (well inside wal_sender_timeout)", c.StatusInterval))

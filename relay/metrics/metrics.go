@@ -45,6 +45,16 @@ type Metrics struct {
 	// it may have lost records it had acknowledged (an unclean leader
 	// election). Each ends its session (publish.ClientOpts).
 	KafkaDataLoss *prometheus.CounterVec
+	// ExactlyOnceSkipped counts events the slot gave again that the
+	// exactly-once position read back at a session's start covered: they
+	// were in Kafka already, and were not published again.
+	ExactlyOnceSkipped prometheus.Counter
+	// ExactlyOnceSkippedLast is that count for the last session start.
+	ExactlyOnceSkippedLast prometheus.Gauge
+	// KafkaPosition is the commit LSN of the newest exactly-once position
+	// Kafka committed (read back at start, then written with each Kafka
+	// transaction).
+	KafkaPosition prometheus.Gauge
 	// outbox_connector_leader is a gauge function the relay registers
 	// (computed at scrape time from the lease, see relay.New).
 }
@@ -117,6 +127,18 @@ func New() *Metrics {
 			Name: "outbox_connector_kafka_data_loss_detections_total",
 			Help: "Detections, once per session, of Kafka answering a produce with OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID, by the topic of the first record it failed: records it had acknowledged may be lost (an unclean leader election); the session ends and reads the WAL again from the confirmed position.",
 		}, []string{"topic"}),
+		ExactlyOnceSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_exactly_once_skipped_events_total",
+			Help: "Events the slot replayed that the exactly-once position in Kafka already covered, so they were not published again.",
+		}),
+		ExactlyOnceSkippedLast: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_connector_exactly_once_skipped_events_last_session",
+			Help: "Events skipped as already in Kafka by the current (or last) session, since it started.",
+		}),
+		KafkaPosition: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_connector_kafka_position_lsn",
+			Help: "Commit LSN of the newest exactly-once position committed in Kafka (0 without one).",
+		}),
 		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_snapshot_events_total",
 			Help: "Rows published by initial snapshots.",
@@ -124,7 +146,8 @@ func New() *Metrics {
 	}
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
 		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit,
-		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss)
+		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss,
+		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast, m.KafkaPosition)
 	return m
 }
 

@@ -191,8 +191,11 @@ func (ps *Poison) lookup(topic string, id rowID) (verdict, bool) {
 type rowID struct {
 	commit, lsn uint64
 	ord         uint32
-	id          uint64 // FNV-1a of the event id, or of every column
-	byID        bool   // id hashes an event id
+	// seq is the row's index among the events of its transaction (from
+	// 0): with commit, its place for the exactly-once position.
+	seq  uint32
+	id   uint64 // FNV-1a of the event id, or of every column
+	byID bool   // id hashes an event id
 }
 
 // identify returns the rowID of the next event, row. It must see every
@@ -202,9 +205,13 @@ func (p *Producer) identify(row *route.Row) rowID {
 		return rowID{}
 	}
 	src := &row.Source
-	if src.CommitLSN == p.at.commit && src.LSN == p.at.lsn {
+	switch {
+	case src.CommitLSN == p.at.commit && src.LSN == p.at.lsn:
 		p.at.ord++
-	} else {
+		p.at.seq++
+	case src.CommitLSN == p.at.commit:
+		p.at = rowID{commit: src.CommitLSN, lsn: src.LSN, seq: p.at.seq + 1}
+	default:
 		p.at = rowID{commit: src.CommitLSN, lsn: src.LSN}
 	}
 	id := p.at

@@ -57,6 +57,10 @@ type Config struct {
 	TxnInterval time.Duration
 	// TxnMaxRecords commits a transaction once it holds this many records.
 	TxnMaxRecords int
+	// Offsets, in transactional mode, writes the exactly-once position
+	// into every Kafka transaction and skips the events a position read
+	// back at start covers (see exactly.go); nil: neither.
+	Offsets *Offsets
 	// Poison remembers, across sessions, records that aborted a transaction.
 	Poison *Poison
 	// Valid, when set, reports whether this instance may still publish (it
@@ -108,6 +112,7 @@ type Producer struct {
 
 	mu  sync.Mutex // guards txn.failed, which promises write
 	txn txnState   // transactional mode: the open Kafka transaction
+	eo  exactly    // the exactly-once position (Config.Offsets)
 	idm idemState  // idempotent mode
 
 	promise func(*kgo.Record, error) // idemPromise, made once
@@ -120,10 +125,15 @@ func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Poo
 	if router != nil {
 		idField = router.Config().FieldEventID
 	}
-	return &Producer{
+	p := &Producer{
 		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, pool: pool, log: log, metrics: m,
 		topics: map[string]bool{}, idField: idField, topicWatch: topicWatchEvery,
 	}
+	p.eo.init(cfg.Offsets)
+	if cfg.Offsets != nil {
+		m.ExactlyOnceSkippedLast.Set(0)
+	}
+	return p
 }
 
 // deadLetterDB is what the producer needs of PostgreSQL: the dead-letter
@@ -222,6 +232,9 @@ func (p *Producer) Run(ctx context.Context, in <-chan wal.Event, onFatal func())
 // handle routes one event and produces it (or its dead letter).
 func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 	id := p.identify(ev.Row)
+	if p.covered(ev, id) {
+		return nil
+	}
 	if ev.Err != nil {
 		return p.deadLetter(ctx, ev, id, "", ev.Err)
 	}
@@ -237,6 +250,7 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 			// Debezium's EventRouter skips this row (a delete, or an update
 			// under table.op.invalid.behavior=warn): so do we, counted.
 			p.metrics.Ignored.WithLabelValues("router-skip").Inc()
+			p.in(ev, id)
 			ev.Txn.Done()
 			return nil
 		case class.Fatal():
@@ -796,6 +810,7 @@ func (p *Producer) deadLetterTable(ctx context.Context, ev wal.Event, id rowID, 
 	}
 	p.log.Warn("dead-lettered an event to the outbox_dead_letter table", "id", key, "topic", intended, "class", class, "lsn", wal.FormatLSN(row.Source.LSN), "err", cause)
 	p.metrics.DeadLettered.WithLabelValues(intended, class, "table").Inc()
+	p.in(ev, id)
 	ev.Txn.Done()
 	return nil
 }

@@ -193,6 +193,7 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 	*ri = recIndex{Context: ctx, i: len(p.txn.recs) - 1}
 	rec.Context = ri
 	p.client.Produce(ctx, rec, p.txn.promise)
+	p.in(ev, id)
 	return nil
 }
 
@@ -263,10 +264,14 @@ func (p *Producer) commit(ctx context.Context) error {
 	}
 	start := time.Now()
 	p.txn.timer.Stop()
+	p.writePosition(ctx)
 	if err := p.client.Flush(ctx); err != nil {
 		return fmt.Errorf("flush the Kafka transaction: %w", err)
 	}
 	if err := p.recordErrors(); err != nil {
+		return err
+	}
+	if err := p.positionError(); err != nil {
 		return err
 	}
 	if p.txn.bad.Load() {
@@ -301,6 +306,7 @@ func (p *Producer) commit(ctx context.Context) error {
 		return fmt.Errorf("commit the Kafka transaction: %w", err)
 	}
 	p.txn.lastCommit = time.Since(start)
+	p.positionCommitted()
 	p.metrics.KafkaTxns.WithLabelValues("commit").Inc()
 	p.metrics.KafkaTxnCommit.Observe(p.txn.lastCommit.Seconds())
 	for i := range p.txn.recs {
