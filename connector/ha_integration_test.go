@@ -551,6 +551,9 @@ func runHA(t *testing.T, instances, rounds int, fault faultFunc, extraEnv ...str
 func TestHAKill9UnderLoad(t *testing.T) {
 	took, dups := runHA(t, 3, 2, faultKill)
 	t.Logf("kill -9 takeovers: %s; %d duplicates", took, dups)
+	if dups != 0 {
+		t.Errorf("%d duplicates across kill -9 takeovers in exactly-once mode; want 0", dups)
+	}
 	for _, d := range took {
 		if d > 3*time.Second {
 			t.Logf("takeover took %s, above the 3 s goal", d)
@@ -564,8 +567,11 @@ func TestHAKill9UnderLoad(t *testing.T) {
 // partition, token order holds, read committed and uncommitted), steps down
 // and reports standby.
 func TestHAFrozenLeader(t *testing.T) {
-	took, _ := runHA(t, 3, 1, faultFreeze)
-	t.Logf("SIGSTOP takeovers: %s (TTL %s)", took, haTTL)
+	took, dups := runHA(t, 3, 1, faultFreeze)
+	t.Logf("SIGSTOP takeovers: %s (TTL %s); %d duplicates", took, haTTL, dups)
+	if dups != 0 {
+		t.Errorf("%d duplicates across a frozen leader's takeover in exactly-once mode; want 0", dups)
+	}
 	for _, d := range took {
 		if d > haTTL+15*time.Second {
 			t.Errorf("takeover took %s after the freeze; want within TTL + 15 s", d)
@@ -588,8 +594,11 @@ func TestHASIGTERMHandover(t *testing.T) {
 // by the server (its connection cut, the process alive): it steps down
 // within the TTL and a standby takes over.
 func TestHAConnectionCut(t *testing.T) {
-	took, _ := runHA(t, 2, 1, faultCut)
-	t.Logf("connection-cut takeovers: %s", took)
+	took, dups := runHA(t, 2, 1, faultCut)
+	t.Logf("connection-cut takeovers: %s; %d duplicates", took, dups)
+	if dups != 0 {
+		t.Errorf("%d duplicates across a cut leader's takeover in exactly-once mode; want 0", dups)
+	}
 }
 
 // TestHASoak measures takeover times over 10 runs of each case (make soak,

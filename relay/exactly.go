@@ -61,17 +61,28 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 		}
 		r.log.Info("exactly-once positions start a new history: nothing the slot gives is skipped until the first Kafka transaction commits one", "why", why, "epoch", st.OffsetsEpoch, "topic", topic)
 		r.metrics.KafkaPosition.Set(0)
+		r.kafkaPos.Store(0)
 		return nil
 	}
 	if st.OffsetsEpoch == 0 {
 		return o, newHistory("the state row names no history (a new slot, an accepted slot reset, or a connector that ran without exactly-once)")
 	}
 	pos, found, err := offsets.Load(ctx, r.cfg.Kafka.Opts(nil), topic, o.Key)
+	var ce *offsets.CorruptError
+	if errors.As(err, &ce) {
+		return nil, &fatal.Error{Msg: "the exactly-once offsets topic", Err: err}
+	}
 	if err != nil {
 		return nil, &kafkaError{err}
 	}
 	lost := ""
 	switch {
+	case found && pos.Epoch == st.OffsetsEpoch && pos.Timeline == sys.Timeline && pos.Commit > uint64(sys.XLogPos):
+		// The server's WAL ends before the position: it was restored from
+		// a copy (onto the same timeline) and writes again where Kafka
+		// holds other events; skipping up to the position would skip the
+		// new ones.
+		lost = fmt.Sprintf("its position %s is beyond this server's WAL end %s (a server restored from a copy of itself, on the same timeline?)", pos, wal.FormatLSN(uint64(sys.XLogPos)))
 	case found && pos.Epoch == st.OffsetsEpoch && pos.Commit < st.OffsetsLSN:
 		lost = fmt.Sprintf("the newest position in it is %s, behind the %s the state row recorded as committed", pos, wal.FormatLSN(st.OffsetsLSN))
 	case found && pos.Epoch == st.OffsetsEpoch:
@@ -111,6 +122,7 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 		return o, newHistory("OUTBOX_ON_OFFSETS_LOSS=at-least-once after the offsets topic lost the position")
 	}
 	r.metrics.KafkaPosition.Set(float64(pos.Commit))
+	r.kafkaPos.Store(pos.Commit)
 	r.log.Info("exactly-once position read back: the events it covers are in Kafka and are skipped when the slot gives them again", "position", pos.String(), "confirmed", wal.FormatLSN(st.Confirmed))
 	o.Resume = &pos
 	return o, nil

@@ -49,7 +49,8 @@ type Relay struct {
 	streaming atomic.Bool
 	cur       atomic.Pointer[tracker.Tracker]
 	confirmed atomic.Uint64
-	stall     stallWatch // the liveness clock: work owed, and since when without progress
+	kafkaPos  atomic.Uint64 // commit LSN of the exactly-once position Kafka holds (0: none)
+	stall     stallWatch    // the liveness clock: work owed, and since when without progress
 	lastErr   atomic.Pointer[string]
 	published atomic.Int64
 
@@ -136,6 +137,13 @@ func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.M
 	})
 	m.GaugeFunc("outbox_connector_confirmed_lsn", "WAL position recorded durably and confirmable to PostgreSQL.", func() float64 {
 		return float64(r.confirmed.Load())
+	})
+	m.GaugeFunc("outbox_connector_kafka_position_ahead_bytes", "How far the exactly-once position in Kafka is ahead of the position confirmed to PostgreSQL, in WAL bytes: what a restart now replays and skips (0 when behind or without one).", func() float64 {
+		k, c := r.kafkaPos.Load(), r.confirmed.Load()
+		if k > c {
+			return float64(k - c)
+		}
+		return 0
 	})
 	r.stallMetrics(m)
 	return r
@@ -285,18 +293,23 @@ func (e *kafkaError) Unwrap() error { return e.err }
 // txnID when OUTBOX_KAFKA_TRANSACTIONAL is on. A client lives for one
 // session, so a new session always starts with a new producer epoch; it
 // must be closed before the next is made (its metrics are unregistered then).
-func (r *Relay) newKafkaClient(txnID string) (*kgo.Client, error) {
+// The pipeline's second client (second) registers no metrics of its own:
+// the registry has franz-go's once, for the first.
+func (r *Relay) newKafkaClient(txnID string, second bool) (*kgo.Client, error) {
 	opts := r.cfg.Kafka.Opts(nil)
 	opts = append(opts, publish.ClientOpts(r.cfg.MaxInFlight, r.cfg.MaxMessageBytes, r.cfg.Compression, r.cfg.Linger)...)
 	if r.cfg.Transactional {
 		opts = append(opts, kgo.TransactionalID(txnID))
 		opts = append(opts, publish.TxnRetryOpts()...)
 	}
-	opts = append(opts,
-		// WatchFailures: an idempotent producer halts at a refused batch,
-		// before franz-go fails its records (see publish/idem.go).
-		kgo.WithLogger(publish.WatchFailures(kafkaLogger{kslog.New(r.log.With("component", "kafka"))})),
-		kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry)), kafkaDialErrors{r}))
+	// WatchFailures: an idempotent producer halts at a refused batch,
+	// before franz-go fails its records (see publish/idem.go).
+	opts = append(opts, kgo.WithLogger(publish.WatchFailures(kafkaLogger{kslog.New(r.log.With("component", "kafka"))})))
+	if second {
+		opts = append(opts, kgo.WithHooks(kafkaDialErrors{r}))
+	} else {
+		opts = append(opts, kgo.WithHooks(kprom.NewMetrics("outbox_connector_kafka", kprom.Registerer(r.metrics.Registry)), kafkaDialErrors{r}))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, &fatal.Error{Msg: "Kafka client settings (OUTBOX_KAFKA_*)", Err: err}

@@ -65,12 +65,21 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	// the Kafka cluster. Kafka ACLs can grant it by the prefix
 	// "outbox-connector-".
 	txnID := fmt.Sprintf("outbox-connector-%s-%s-%s", sys.SystemID, db, r.cfg.Slot)
-	kcl, err := r.newKafkaClient(txnID)
+	kcl, err := r.newKafkaClient(txnID, false)
 	if err != nil {
 		return err
 	}
 	closeKafka := sync.OnceFunc(kcl.Close)
 	defer closeKafka()
+	// The pipeline's second transactional id: the same for every instance,
+	// so a new leader fences both.
+	var kcl2 *kgo.Client
+	if r.cfg.Transactional && r.cfg.TxnPipeline {
+		if kcl2, err = r.newKafkaClient(txnID+pipelineSuffix, true); err != nil {
+			return err
+		}
+		defer kcl2.Close()
+	}
 	if !r.cfg.Transactional {
 		// Without Kafka transactions nothing at the broker fences this
 		// producer, and the client goes on sending (and retrying) what it
@@ -85,6 +94,11 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	if err := r.fence(stop, kcl, c, txnID); err != nil {
 		return err
 	}
+	if kcl2 != nil {
+		if err := r.fence(stop, kcl2, nil, txnID+pipelineSuffix); err != nil {
+			return err
+		}
+	}
 	l.established.Store(true)
 
 	start, st, snapshot, err := r.prepareSlot(stop.read, t, c.conn, c.rconn, sys.SystemID, db)
@@ -94,6 +108,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		if err == nil {
 			cfg := r.producerConfig(l)
 			cfg.Offsets = eo
+			cfg.Pipeline = kcl2
 			prod := publish.New(cfg, kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
 			return r.stream(stop, c, pool, prod, eo, snapshot, st, start)
 		}
@@ -255,9 +270,13 @@ func (r *Relay) ensureObjects(ctx context.Context, conn *pgx.Conn) error {
 	return checkpoint.EnsureStateTable(ctx, conn)
 }
 
+// pipelineSuffix ends the slot's second transactional id.
+const pipelineSuffix = "-b"
+
 // fence makes this session the slot's only writer before anything is read:
 // the previous leader's producer fenced at the broker (with Kafka
-// transactions) and its walsender gone from the slot.
+// transactions) and its walsender gone from the slot. With c nil it fences
+// the producer of txnID only (the pipeline's second client).
 func (r *Relay) fence(stop *stopper, kcl *kgo.Client, c *conns, txnID string) error {
 	lt := stop.t
 	if r.cfg.Transactional {
@@ -275,6 +294,9 @@ func (r *Relay) fence(stop *stopper, kcl *kgo.Client, c *conns, txnID string) er
 			return &kafkaError{fmt.Errorf("initialise the Kafka transactional producer %q: %w", txnID, err)}
 		}
 		r.log.Info("Kafka producer initialised; earlier producers of the slot are fenced", "transactional_id", txnID, "producer_id", id, "epoch", epoch, "token", lt.Token)
+	}
+	if c == nil {
+		return nil
 	}
 	if err := r.freeSlot(stop.read, c.conn, c.rconn.PID()); err != nil {
 		if stop.term.Err() != nil {
@@ -305,7 +327,10 @@ func (r *Relay) stream(stop *stopper, c *conns, pool *pgxpool.Pool, prod *publis
 	if eo != nil {
 		// The state row records the newest position Kafka committed, so
 		// that a start finding the offsets topic behind it says so.
-		eo.Committed = func(p offsets.Position) { sw.KafkaCommitted(p.Commit) }
+		eo.Committed = func(p offsets.Position) {
+			sw.KafkaCommitted(p.Commit)
+			r.kafkaPos.Store(p.Commit)
+		}
 	}
 
 	// Each group holds one goroutine; Wait joins it and returns its error

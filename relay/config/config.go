@@ -88,6 +88,12 @@ type Config struct {
 	// when its transaction committed. false: idempotent producer, fenced only
 	// by the lease's timing.
 	Transactional bool
+	// TxnPipeline gives the slot a second transactional id (the first with
+	// the suffix -b): the two producers take Kafka transactions in turn, so
+	// that one commits while the other takes the next events
+	// (OUTBOX_KAFKA_TXN_PIPELINE, default true; used only with
+	// Transactional).
+	TxnPipeline bool
 	// OffsetsTopic is the compacted topic that holds the exactly-once
 	// position of every slot, written in each Kafka transaction
 	// (OUTBOX_KAFKA_OFFSETS_TOPIC, default outbox.connector.offsets; used
@@ -143,6 +149,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.String(&c.Compression, "kafka-compression", "OUTBOX_KAFKA_COMPRESSION", "lz4", "producer compression: none, gzip, snappy, lz4, zstd")
 	b.Duration(&c.Linger, "kafka-linger", "OUTBOX_KAFKA_LINGER", time.Millisecond, "how long the producer waits to fill a batch")
 	b.Bool(&c.Transactional, "kafka-transactional", "OUTBOX_KAFKA_TRANSACTIONAL", true, "produce in Kafka transactions so that a new leader fences the old one at the broker (false: idempotent producer)")
+	b.Bool(&c.TxnPipeline, "kafka-txn-pipeline", "OUTBOX_KAFKA_TXN_PIPELINE", true, "two transactional producers per slot take Kafka transactions in turn, so that one commits while the other takes the next events")
 	b.String(&c.OffsetsTopic, "kafka-offsets-topic", "OUTBOX_KAFKA_OFFSETS_TOPIC", "outbox.connector.offsets", "compacted topic holding the exactly-once position, written in every Kafka transaction")
 	b.String(&c.OnOffsetsLoss, "on-offsets-loss", "OUTBOX_ON_OFFSETS_LOSS", "fail", "when the offsets topic is missing, emptied or behind the state row: fail, or at-least-once (continue from the slot's position)")
 	b.Duration(&c.TxnInterval, "kafka-txn-interval", "OUTBOX_KAFKA_TXN_INTERVAL", 100*time.Millisecond, "longest a Kafka transaction stays open")

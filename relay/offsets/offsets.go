@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -172,131 +173,117 @@ func (e *NotCompactedError) Error() string {
 	return fmt.Sprintf("the exactly-once offsets topic %q has cleanup.policy=%s: retention would delete the connector's positions; set it to compact (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact)", e.Topic, e.Policy, e.Topic)
 }
 
-// Load reads the newest committed position of key from topic: it reads the
-// partition read_committed from its start to its end as it is once every
-// transaction open at the call has ended (the previous producer's were
-// ended by InitProducerID; another slot's sharing the topic ends within its
-// transaction timeout), so a position committed last is never missed for
-// an older one. Control records are kept while reading, so that the end is
-// reached exactly even when the partition ends with a transaction marker.
-// ok is false when the topic holds no position of key.
+// Load reads the newest committed position of key from topic. It first
+// writes a barrier, a record of its own under the key's barrier key, and
+// then reads the partition read_committed from its start until it reads
+// that barrier: a read_committed fetch returns the barrier only once every
+// transaction open before it has ended (the previous producer's were ended
+// by InitProducerID; another slot's sharing the topic ends within its
+// transaction timeout), so a position committed last is never missed for an
+// older one, however the partition ends (a transaction marker, or records
+// compaction removed). Kafka Connect reads its offsets to the end offsets
+// it listed, which a partition ending in markers makes a guess; the barrier
+// is exact, and compaction keeps one per slot.
+//
+// ok is false when the topic holds no position of key (or a tombstone).
+// A position that cannot be read is a *CorruptError.
 func Load(ctx context.Context, conn []kgo.Opt, topic string, key Key) (p Position, ok bool, err error) {
-	cl, err := kgo.NewClient(conn...)
+	ctx, cancel := context.WithTimeout(ctx, loadTimeout)
+	defer cancel()
+	cl, err := kgo.NewClient(append(conn, kgo.RecordPartitioner(kgo.ManualPartitioner()))...)
 	if err != nil {
 		return p, false, fmt.Errorf("read the exactly-once position: %w", err)
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	end, err := stableEnd(ctx, adm, topic)
-	if err != nil {
-		return p, false, err
+	nonce := strconv.FormatInt(time.Now().UnixNano(), 10)
+	barrier := key.barrier()
+	res := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 0, Key: barrier, Value: []byte(nonce)})
+	if err := res.FirstErr(); err != nil {
+		return p, false, fmt.Errorf("write the read barrier to the exactly-once offsets topic %q: %w", topic, err)
 	}
-	if end.start >= end.end {
-		return p, false, nil
+	at := res[0].Record.Offset
+	adm := kadm.NewClient(cl)
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return p, false, fmt.Errorf("list the start of the exactly-once offsets topic %q: %w", topic, err)
+	}
+	from := int64(0)
+	if o, found := starts.Lookup(topic, 0); found {
+		from = o.Offset
 	}
 	rd, err := kgo.NewClient(append(conn,
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().At(end.start)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords())...)
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().At(from)}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
 	if err != nil {
 		return p, false, fmt.Errorf("read the exactly-once position: %w", err)
 	}
 	defer rd.Close()
 	want := key.Bytes()
 	for {
-		pctx, cancel := context.WithTimeout(ctx, idle)
-		fs := rd.PollFetches(pctx)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return p, false, fmt.Errorf("read the exactly-once position from %q: %w", topic, err)
-		}
-		if pctx.Err() != nil && fs.NumRecords() == 0 {
-			// Nothing more for idle although the end was not seen: its
-			// last records were compacted away (a marker in a segment
-			// the cleaner rewrote). What was read is the newest the
-			// partition holds; at worst it is older than the newest
-			// written, which repeats events, never skips one.
-			return p, ok, nil
+		fs := rd.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return Position{}, false, fmt.Errorf("read the exactly-once position from %q to the barrier at offset %d within %s (a transaction left open in the topic holds read_committed readers back: kafka-transactions.sh find-hanging): %w", topic, at, loadTimeout, ctx.Err())
 		}
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
 		if ferr != nil && !kerr.IsRetriable(ferr) {
-			return p, false, fmt.Errorf("read the exactly-once position from %q: %w", topic, ferr)
+			return Position{}, false, fmt.Errorf("read the exactly-once position from %q: %w", topic, ferr)
 		}
 		done := false
 		var perr error
 		fs.EachRecord(func(r *kgo.Record) {
-			if r.Offset >= end.end-1 {
-				done = true
+			if done {
+				return
 			}
-			if r.Attrs.IsControl() || r.Offset >= end.end || !bytes.Equal(r.Key, want) {
+			if r.Offset >= at {
+				done = true
+				return
+			}
+			if !bytes.Equal(r.Key, want) {
 				return
 			}
 			if r.Value == nil {
 				// A tombstone: someone deleted the position.
-				p, ok = Position{}, false
+				p, ok, perr = Position{}, false, nil
 				return
 			}
 			q, err := Parse(r.Value)
 			if err != nil {
-				perr = err
+				perr = &CorruptError{Topic: topic, Offset: r.Offset, Err: err}
 				return
 			}
-			p, ok = q, true
+			p, ok, perr = q, true, nil
 		})
-		if perr != nil {
-			return Position{}, false, perr
-		}
 		if done {
+			if perr != nil {
+				return Position{}, false, perr
+			}
 			return p, ok, nil
 		}
 	}
 }
 
-// idle is how long Load waits for a record before it takes what it read
-// as all there is.
-const idle = 10 * time.Second
+// loadTimeout bounds Load.
+const loadTimeout = 2 * time.Minute
 
-type span struct{ start, end int64 }
-
-// stableEnd is the partition's log start and the end every reader must
-// reach: the high watermark at the call, once the last stable offset has
-// caught up with it (no transaction open at the call is still open).
-func stableEnd(ctx context.Context, adm *kadm.Client, topic string) (span, error) {
-	get := func(f func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
-		lo, err := f(ctx, topic)
-		if err == nil {
-			err = lo.Error()
-		}
-		if err != nil {
-			return 0, err
-		}
-		o, ok := lo.Lookup(topic, 0)
-		if !ok {
-			return 0, fmt.Errorf("no partition 0")
-		}
-		return o.Offset, o.Err
-	}
-	start, err := get(adm.ListStartOffsets)
-	if err != nil {
-		return span{}, fmt.Errorf("list the start of the exactly-once offsets topic %q: %w", topic, err)
-	}
-	hwm, err := get(adm.ListEndOffsets)
-	if err != nil {
-		return span{}, fmt.Errorf("list the end of the exactly-once offsets topic %q: %w", topic, err)
-	}
-	for {
-		lso, err := get(adm.ListCommittedOffsets)
-		if err != nil {
-			return span{}, fmt.Errorf("list the stable end of the exactly-once offsets topic %q: %w", topic, err)
-		}
-		if lso >= hwm {
-			return span{start: start, end: hwm}, nil
-		}
-		select {
-		case <-ctx.Done():
-			return span{}, fmt.Errorf("wait for the transactions open in the exactly-once offsets topic %q to end: %w", topic, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+// barrier is the key of the slot's read barriers.
+func (k Key) barrier() []byte {
+	return append(append([]byte(`{"barrier":`), k.Bytes()...), '}')
 }
+
+// CorruptError: the newest record under the slot's key is no position this
+// connector can read.
+type CorruptError struct {
+	Topic  string
+	Offset int64
+	Err    error
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("the exactly-once offsets topic %q holds at offset %d, under this slot's key, a record this connector cannot read (%v): written by another program or a newer connector; remove it (produce a tombstone under the key) and start with OUTBOX_ON_OFFSETS_LOSS=at-least-once, or run the connector that wrote it", e.Topic, e.Offset, e.Err)
+}
+
+func (e *CorruptError) Unwrap() error { return e.Err }

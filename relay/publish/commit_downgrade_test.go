@@ -224,11 +224,7 @@ func TestTxnCommitNotSkipped(t *testing.T) {
 			if err := m.cl.BeginTransaction(); err != nil {
 				t.Fatal(err)
 			}
-			m.p.txn.watch, m.p.txn.open = watch, true
-			for range produced {
-				m.p.txn.recs = append(m.p.txn.recs, txnRec{topic: f.topic})
-			}
-			err := m.p.endCommit(ctx)
+			err := m.p.endCommit(ctx, lane{client: m.cl, watch: watch}, produced)
 			if produced > 0 && !errors.Is(err, errCommitSkipped) {
 				t.Errorf("the commit of a transaction with %d records produced, which franz-go ended without a transaction, returned %v; want errCommitSkipped (its records would be acked and never committed)", produced, err)
 			}

@@ -49,11 +49,12 @@ type Offsets struct {
 
 // exactly is the producer's exactly-once state.
 type exactly struct {
-	cfg     *Offsets
-	pos     offsets.Position // covers every event handled
-	written offsets.Position // the position in the open Kafka transaction
-	sent    bool             // a position record is in the open transaction
-	failed  atomic.Pointer[error]
+	cfg       *Offsets
+	pos       offsets.Position // covers every event handled
+	written   offsets.Position // the position last produced into a transaction
+	committed offsets.Position // the position Kafka last committed
+	sent      bool             // a position record is in the open transaction
+	failed    atomic.Pointer[error]
 	// skipped counts the events of this session the resume position
 	// covered.
 	skipped atomic.Int64
@@ -69,6 +70,20 @@ func (e *exactly) init(cfg *Offsets) {
 	if r := cfg.Resume; r != nil {
 		e.pos.Commit, e.pos.Events = r.Commit, r.Events
 	}
+	e.written, e.committed = e.pos, e.pos
+}
+
+// aborted: the open transaction was aborted, its position with it. The
+// session may go on (a suspect refused alone is dead-lettered next): what
+// was handled since the last commit is covered again only as it is handled
+// again (the suspect's dead letter), and the next commit writes a position.
+func (e *exactly) aborted() {
+	if e.cfg == nil {
+		return
+	}
+	e.pos, e.written = e.committed, e.committed
+	e.sent = false
+	e.failed.Store(nil)
 }
 
 // Skipped is how many events of this session were skipped as already in
@@ -100,10 +115,12 @@ func (p *Producer) in(ev wal.Event, id rowID) {
 	}
 	if ev.Row.Source.LSN == 0 {
 		// A snapshot row: the position is the slot's consistent point,
-		// with no event of it (no streamed transaction commits there),
-		// and the count of rows for people.
-		if id.commit >= e.pos.Commit {
-			e.pos.Commit, e.pos.Events = id.commit, 0
+		// with no event of the transaction that may commit there, and
+		// the count of rows for people.
+		if id.commit > e.pos.Commit {
+			e.pos.Commit, e.pos.Events, e.pos.Snapshot = id.commit, 0, 0
+		}
+		if id.commit == e.pos.Commit {
 			e.pos.Snapshot++
 		}
 		return
@@ -124,7 +141,7 @@ func (p *Producer) writePosition(ctx context.Context) {
 	rec := offsets.Record(e.cfg.Topic, e.cfg.Key, e.pos)
 	e.sent = true
 	e.written = e.pos
-	p.client.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+	p.txnClient().Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if err != nil {
 			e.failed.Store(&err)
 			p.txn.bad.Store(true)
@@ -157,6 +174,7 @@ func (p *Producer) positionCommitted() {
 		return
 	}
 	e.sent = false
+	e.committed = e.written
 	p.metrics.KafkaPosition.Set(float64(e.written.Commit))
 	if e.cfg.Committed != nil {
 		e.cfg.Committed(e.written)

@@ -156,6 +156,7 @@ type sessionOpts struct {
 	confirmed uint64 // the tracker's start
 	txnID     string // transactional id, default one per test
 	opts      []kgo.Opt
+	pipeline  bool // a second transactional client (Config.Pipeline)
 }
 
 var sessionSeq atomic.Int64
@@ -179,6 +180,14 @@ func newSession(t testing.TB, brokers string, cfg Config, o sessionOpts) *sessio
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
+	if o.pipeline && cfg.Transactional {
+		second, err := kgo.NewClient(append(opts, kgo.WithLogger(WatchFailures(nil)), kgo.TransactionalID(o.txnID+"-b"))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(second.Close)
+		cfg.Pipeline = second
+	}
 	if o.router == nil {
 		r, err := route.New(route.DefaultConfig())
 		if err != nil {

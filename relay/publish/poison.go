@@ -205,11 +205,15 @@ func (p *Producer) identify(row *route.Row) rowID {
 		return rowID{}
 	}
 	src := &row.Source
+	// The rows of a snapshot (LSN 0) have the slot's consistent point as
+	// their commit LSN, which the first streamed transaction may have too:
+	// it is another transaction, and its events count from 0.
+	same := src.CommitLSN == p.at.commit && (src.LSN == 0) == (p.at.lsn == 0)
 	switch {
-	case src.CommitLSN == p.at.commit && src.LSN == p.at.lsn:
+	case same && src.LSN == p.at.lsn:
 		p.at.ord++
 		p.at.seq++
-	case src.CommitLSN == p.at.commit:
+	case same:
 		p.at = rowID{commit: src.CommitLSN, lsn: src.LSN, seq: p.at.seq + 1}
 	default:
 		p.at = rowID{commit: src.CommitLSN, lsn: src.LSN}

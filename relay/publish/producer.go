@@ -57,6 +57,11 @@ type Config struct {
 	TxnInterval time.Duration
 	// TxnMaxRecords commits a transaction once it holds this many records.
 	TxnMaxRecords int
+	// Pipeline, in transactional mode, is a second transactional client
+	// of the slot (another transactional id): the two take transactions in
+	// turn, so that one commits while the other takes the next events
+	// (see txn.go). nil: every commit stops the line.
+	Pipeline *kgo.Client
 	// Offsets, in transactional mode, writes the exactly-once position
 	// into every Kafka transaction and skips the events a position read
 	// back at start covers (see exactly.go); nil: neither.
@@ -588,7 +593,7 @@ func (p *Producer) watchTopics(ctx context.Context) {
 		case <-tick.C:
 		}
 		n := p.answers.Load()
-		waiting := n == last && p.client.BufferedProduceRecords() > 0
+		waiting := n == last && p.buffered() > 0
 		last = n
 		if !waiting && len(missing) == 0 {
 			continue
@@ -639,6 +644,15 @@ func (p *Producer) watchTopics(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// buffered is how many records wait in the session's clients.
+func (p *Producer) buffered() int64 {
+	n := p.client.BufferedProduceRecords()
+	if p.cfg.Pipeline != nil {
+		n += p.cfg.Pipeline.BufferedProduceRecords()
+	}
+	return n
 }
 
 func (p *Producer) blocked(reason string) {

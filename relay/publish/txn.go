@@ -71,9 +71,14 @@ type txnState struct {
 	open    bool
 	started time.Time
 	recs    []txnRec
-	// watch is the client's failure watch (nil without one): it tells
-	// whether franz-go ended a commit as an abort (endCommit).
-	watch *failureWatch
+	// lanes are the transactional clients: lanes[0] the producer's client,
+	// lanes[1] Config.Pipeline (nil: none); cur is the open transaction's.
+	lanes [2]lane
+	cur   int
+	// pending is the commit in flight on the other lane (pipelined), or
+	// nil; spare is a finished commit's records slice, for reuse.
+	pending *pendingCommit
+	spare   []txnRec
 	// failed holds the errors of the records whose promise reported one,
 	// by their index in recs, under Producer.mu. Every record shares one
 	// promise (txnPromise), so a record costs no closure; its context
@@ -90,12 +95,41 @@ type txnState struct {
 	lastCommit time.Duration
 }
 
+// lane is one transactional client and its failure watch (nil without
+// one), which tells whether franz-go ended a commit as an abort
+// (endCommit).
+type lane struct {
+	client *kgo.Client
+	watch  *failureWatch
+}
+
+// pendingCommit is a Kafka transaction flushed and checked, whose EndTxn
+// runs on its lane while the other lane takes the next transaction.
+type pendingCommit struct {
+	lane  lane
+	recs  []txnRec
+	start time.Time
+	done  chan error // the commit's result, once
+}
+
+// pipelined reports whether commits overlap the next transaction.
+func (p *Producer) pipelined() bool { return p.txn.lanes[1].client != nil }
+
+// txnClient is the client of the open (or next) transaction.
+func (p *Producer) txnClient() *kgo.Client { return p.txn.lanes[p.txn.cur].client }
+
 // valid reports whether this instance may still publish.
 func (p *Producer) valid() bool { return p.cfg.Valid == nil || p.cfg.Valid() }
 
 // runTxn is Run in transactional mode.
 func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func()) error {
-	p.txn.watch, _ = p.client.OptValue(kgo.WithLogger).(*failureWatch)
+	p.txn.lanes[0].client = p.client
+	p.txn.lanes[1].client = p.cfg.Pipeline
+	for i := range p.txn.lanes {
+		if cl := p.txn.lanes[i].client; cl != nil {
+			p.txn.lanes[i].watch, _ = cl.OptValue(kgo.WithLogger).(*failureWatch)
+		}
+	}
 	p.txn.timer = time.NewTimer(time.Hour)
 	p.txn.timer.Stop()
 	defer p.txn.timer.Stop()
@@ -109,7 +143,23 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 		if p.txn.open {
 			due = p.txn.timer.C
 		}
+		var settled <-chan error
+		if p.txn.pending != nil {
+			settled = p.txn.pending.done
+		}
 		select {
+		case err := <-settled:
+			// The commit in flight ended. Pipelined, the next begins at
+			// once when events wait in the open transaction: commits
+			// follow each other with no interval that idles.
+			if err := p.finish(p.txn.pending, err); err != nil {
+				return fail(err)
+			}
+			if p.txn.open {
+				if err := p.startCommit(ctx); err != nil {
+					return fail(err)
+				}
+			}
 		case ev, ok := <-in:
 			if !ok {
 				if p.unfinished() {
@@ -124,8 +174,12 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 					// it is published again all the same: see README,
 					// "Delivery guarantees".)
 					p.log.Info("the stream stopped inside a PostgreSQL transaction; aborting the open Kafka transaction, which the next session writes again")
+					err := p.settle()
 					p.abort()
-					return nil
+					if err != nil {
+						onFatal()
+					}
+					return err
 				}
 				if err := p.commit(ctx); err != nil {
 					return fail(err)
@@ -135,7 +189,20 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 			if err := p.handle(ctx, ev); err != nil {
 				return fail(err)
 			}
-			if p.txn.open && (len(p.txn.recs) >= p.cfg.TxnMaxRecords || len(in) == 0 && time.Since(p.txn.started) >= p.txn.linger) {
+			switch {
+			case !p.txn.open:
+			case p.pipelined() && len(p.txn.recs) >= p.cfg.TxnMaxRecords:
+				// Bounded memory: wait for the commit in flight.
+				if err := p.settle(); err != nil {
+					return fail(err)
+				}
+				fallthrough
+			case p.pipelined() && p.txn.pending == nil:
+				if err := p.startCommit(ctx); err != nil {
+					return fail(err)
+				}
+			case p.pipelined():
+			case len(p.txn.recs) >= p.cfg.TxnMaxRecords || len(in) == 0 && time.Since(p.txn.started) >= p.txn.linger:
 				if err := p.commit(ctx); err != nil {
 					return fail(err)
 				}
@@ -167,7 +234,7 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 	}
 	size := recordSize(rec)
 	if !p.txn.open {
-		if err := p.client.BeginTransaction(); err != nil {
+		if err := p.txnClient().BeginTransaction(); err != nil {
 			if isFenced(err) {
 				return fmt.Errorf("%w: begin a Kafka transaction: %w", ErrFenced, err)
 			}
@@ -192,7 +259,7 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 	p.txn.slab = p.txn.slab[1:]
 	*ri = recIndex{Context: ctx, i: len(p.txn.recs) - 1}
 	rec.Context = ri
-	p.client.Produce(ctx, rec, p.txn.promise)
+	p.txnClient().Produce(ctx, rec, p.txn.promise)
 	p.in(ev, id)
 	return nil
 }
@@ -255,17 +322,34 @@ func (p *Producer) adapt(in <-chan wal.Event) {
 }
 
 // commit flushes the open transaction and commits it, then marks its
-// records done. Any failure leaves them undone: the session ends, and the
-// next one (a new producer epoch, which aborts this transaction) reads them
-// again from the confirmed position.
+// records done; a commit in flight ends first. Any failure leaves them
+// undone: the session ends, and the next one (a new producer epoch, which
+// aborts this transaction) reads them again from the confirmed position.
 func (p *Producer) commit(ctx context.Context) error {
+	if err := p.settle(); err != nil {
+		return err
+	}
+	if err := p.startCommit(ctx); err != nil {
+		return err
+	}
+	return p.settle()
+}
+
+// startCommit flushes the open transaction (its position with it), checks
+// that every record of it was taken and that the lease still holds, and
+// ends it: pipelined, on its lane while the other lane takes the next
+// transaction (its records produced only now, after every record of this
+// one was acknowledged, so a partition holds them in order); otherwise
+// here. Its result is pending until settle or finish.
+func (p *Producer) startCommit(ctx context.Context) error {
 	if !p.txn.open {
 		return nil
 	}
 	start := time.Now()
 	p.txn.timer.Stop()
 	p.writePosition(ctx)
-	if err := p.client.Flush(ctx); err != nil {
+	ln := p.txn.lanes[p.txn.cur]
+	if err := ln.client.Flush(ctx); err != nil {
 		return fmt.Errorf("flush the Kafka transaction: %w", err)
 	}
 	if err := p.recordErrors(); err != nil {
@@ -286,16 +370,46 @@ func (p *Producer) commit(ctx context.Context) error {
 	if !p.valid() {
 		return fmt.Errorf("%w: the leader lease's deadline passed before the Kafka transaction committed; aborting it", ErrFenced)
 	}
-	err := p.cfg.Faults.At(faultstep.BeforeKafkaCommit)
-	if err == nil {
-		err = p.endCommit(ctx)
+	if err := p.cfg.Faults.At(faultstep.BeforeKafkaCommit); err != nil {
+		return err
 	}
+	pc := &pendingCommit{lane: ln, recs: p.txn.recs, start: start, done: make(chan error, 1)}
 	p.txn.open = false
-	if err == nil {
-		// Committed at Kafka, not yet acked here: a failure now leaves the
-		// records unacked, read again and published again (duplicates).
-		err = p.cfg.Faults.At(faultstep.AfterKafkaCommit)
+	p.txn.recs, p.txn.spare = p.txn.spare[:0], nil
+	p.txn.pending = pc
+	end := func() {
+		err := p.endCommit(ctx, ln, len(pc.recs))
+		if err == nil {
+			// Committed at Kafka, not yet acked here: a failure now
+			// leaves the records unacked, read again, and skipped as in
+			// Kafka by the position (published again without one).
+			err = p.cfg.Faults.At(faultstep.AfterKafkaCommit)
+		}
+		pc.done <- err
 	}
+	if p.pipelined() {
+		p.txn.cur ^= 1
+		go end()
+		return nil
+	}
+	end()
+	return nil
+}
+
+// settle waits for the commit in flight, if any, and does what its result
+// means (finish).
+func (p *Producer) settle() error {
+	pc := p.txn.pending
+	if pc == nil {
+		return nil
+	}
+	return p.finish(pc, <-pc.done)
+}
+
+// finish does what the result of a pending commit means: its records are
+// acked, or the error says why not.
+func (p *Producer) finish(pc *pendingCommit, err error) error {
+	p.txn.pending = nil
 	if err != nil {
 		if isFenced(err) {
 			return fmt.Errorf("%w: commit the Kafka transaction: %w", ErrFenced, err)
@@ -305,12 +419,12 @@ func (p *Producer) commit(ctx context.Context) error {
 		}
 		return fmt.Errorf("commit the Kafka transaction: %w", err)
 	}
-	p.txn.lastCommit = time.Since(start)
+	p.txn.lastCommit = time.Since(pc.start)
 	p.positionCommitted()
 	p.metrics.KafkaTxns.WithLabelValues("commit").Inc()
 	p.metrics.KafkaTxnCommit.Observe(p.txn.lastCommit.Seconds())
-	for i := range p.txn.recs {
-		r := &p.txn.recs[i]
+	for i := range pc.recs {
+		r := &pc.recs[i]
 		if !r.dlq {
 			p.published(r.topic).Inc()
 			if p.cfg.Published != nil {
@@ -322,8 +436,8 @@ func (p *Producer) commit(ctx context.Context) error {
 		}
 		r.txn.Done()
 	}
-	clear(p.txn.recs)
-	p.txn.recs = p.txn.recs[:0]
+	clear(pc.recs)
+	p.txn.spare = pc.recs[:0]
 	return nil
 }
 
@@ -334,7 +448,8 @@ var errCommitAborted = errors.New("franz-go ended the Kafka transaction as an ab
 // records were produced in it (see endCommit).
 var errCommitSkipped = errors.New("franz-go ended the Kafka transaction without committing it although records were produced in it (it counted no partition as added to the transaction and sent no EndTxn); reading them again from the confirmed position")
 
-// endCommit commits the open transaction. franz-go (v1.22.3) may end it as
+// endCommit commits the open transaction of lane ln, which holds n
+// records. franz-go (v1.22.3) may end it as
 // an abort instead and return nil: when it counts no partition as added to
 // the transaction although a record of it was produced and its promise
 // reported success (seen when the transaction's first record went to a
@@ -351,29 +466,29 @@ var errCommitSkipped = errors.New("franz-go ended the Kafka transaction without 
 // EndTxn at all, logs noTxnEndMsg at debug level and returns nil: the
 // records are left in a transaction the broker aborts at its timeout. With
 // no record produced that is an empty transaction, legal and no failure;
-// with one (p.txn.recs, every record produced into this transaction, whose
+// with one (n > 0, every record produced into this transaction, whose
 // promises all reported success), the commit failed likewise. There is no
 // signal but the line: franz-go keeps what it counts as added unexported,
 // and counting records does not help, since its promises reported success
 // for each of them; asking the broker (DescribeTransactions) would cost a
 // round trip per commit and an ACL.
-func (p *Producer) endCommit(ctx context.Context) error {
-	w := p.txn.watch
+func (p *Producer) endCommit(ctx context.Context, ln lane, n int) error {
+	w := ln.watch
 	if w != nil {
 		w.emptyEnd.Store(false)
 		w.noTxnEnd.Store(false)
 		w.ending.Store(true)
 		defer w.ending.Store(false)
 	}
-	if err := p.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
+	if err := ln.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		return err
 	}
 	if w != nil && w.emptyEnd.Load() {
 		p.log.Warn(errCommitAborted.Error())
 		return errCommitAborted
 	}
-	if w != nil && w.noTxnEnd.Load() && len(p.txn.recs) > 0 {
-		err := fmt.Errorf("%w (%d records produced)", errCommitSkipped, len(p.txn.recs))
+	if w != nil && w.noTxnEnd.Load() && n > 0 {
+		err := fmt.Errorf("%w (%d records produced)", errCommitSkipped, n)
 		p.log.Warn(err.Error())
 		return err
 	}
@@ -471,9 +586,21 @@ func (p *Producer) aloneTxn(ctx context.Context, ev wal.Event, id rowID, rec *kg
 func (p *Producer) abort() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = p.client.AbortBufferedRecords(ctx)
+	if pc := p.txn.pending; pc != nil {
+		// The commit in flight ends, one way or the other: committed,
+		// its records are acked (they are in Kafka); failed, the next
+		// producer epoch aborts what is left of it.
+		select {
+		case err := <-pc.done:
+			_ = p.finish(pc, err)
+		case <-ctx.Done():
+			p.txn.pending = nil
+		}
+	}
+	cl := p.txnClient()
+	_ = cl.AbortBufferedRecords(ctx)
 	if len(p.txn.recs) > 0 || p.txn.open {
-		if err := p.client.EndTransaction(ctx, kgo.TryAbort); err == nil {
+		if err := cl.EndTransaction(ctx, kgo.TryAbort); err == nil {
 			p.metrics.KafkaTxns.WithLabelValues("abort").Inc()
 		}
 	}
@@ -484,4 +611,5 @@ func (p *Producer) abort() {
 	clear(p.txn.failed)
 	p.mu.Unlock()
 	p.txn.bad.Store(false)
+	p.eo.aborted()
 }
