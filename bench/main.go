@@ -163,6 +163,10 @@ type variant struct {
 	Profile bool `json:"profiled"`
 }
 
+// sysConnectorOneTxn is the default mode with one transactional producer
+// (no pipelined commits), when the binary has the setting.
+const sysConnectorOneTxn = "connector (one transactional producer)"
+
 // sysConnectorIdem is the connector with Kafka transactions off, when the
 // binary has the setting.
 const sysConnectorIdem = "connector (idempotent)"
@@ -189,6 +193,11 @@ func connectorVariants(ctx context.Context, bin string) []variant {
 	}
 	if bytes.Contains(out, []byte("OUTBOX_KAFKA_TRANSACTIONAL")) {
 		vs[0].Note = "the connector's defaults: Kafka transactions (OUTBOX_KAFKA_TRANSACTIONAL=true, OUTBOX_KAFKA_TXN_INTERVAL=100ms), producer linger " + linger
+		if bytes.Contains(out, []byte("OUTBOX_KAFKA_TXN_PIPELINE")) {
+			vs[0].Note = "the connector's defaults: exactly-once, Kafka transactions carrying the position, two transactional producers in turn (OUTBOX_KAFKA_TXN_PIPELINE=true), producer linger " + linger
+			vs = append(vs, variant{Name: sysConnectorOneTxn, Env: []string{"OUTBOX_KAFKA_TXN_PIPELINE=false"},
+				Note: "OUTBOX_KAFKA_TXN_PIPELINE=false: exactly-once with one transactional producer, every commit stopping the line"})
+		}
 		vs = append(vs, variant{Name: sysConnectorIdem, Env: []string{"OUTBOX_KAFKA_TRANSACTIONAL=false"}, Profile: true,
 			Note: "OUTBOX_KAFKA_TRANSACTIONAL=false: the idempotent producer (acks=all), no Kafka transactions, linger " + linger})
 		switch {

@@ -72,9 +72,10 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	closeKafka := sync.OnceFunc(kcl.Close)
 	defer closeKafka()
 	// The pipeline's second transactional id: the same for every instance,
-	// so a new leader fences both.
+	// and fenced by every new leader, with the pipeline or without (an
+	// earlier leader may have run with it).
 	var kcl2 *kgo.Client
-	if r.cfg.Transactional && r.cfg.TxnPipeline {
+	if r.cfg.Transactional {
 		if kcl2, err = r.newKafkaClient(txnID+pipelineSuffix, true); err != nil {
 			return err
 		}
@@ -91,13 +92,11 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		// again by the next leader.
 		defer context.AfterFunc(stop.term, closeKafka)()
 	}
-	if err := r.fence(stop, kcl, c, txnID); err != nil {
+	if err := r.fence(stop, kcl, kcl2, c, txnID); err != nil {
 		return err
 	}
-	if kcl2 != nil {
-		if err := r.fence(stop, kcl2, nil, txnID+pipelineSuffix); err != nil {
-			return err
-		}
+	if !r.cfg.TxnPipeline {
+		kcl2 = nil
 	}
 	l.established.Store(true)
 
@@ -274,29 +273,41 @@ func (r *Relay) ensureObjects(ctx context.Context, conn *pgx.Conn) error {
 const pipelineSuffix = "-b"
 
 // fence makes this session the slot's only writer before anything is read:
-// the previous leader's producer fenced at the broker (with Kafka
-// transactions) and its walsender gone from the slot. With c nil it fences
-// the producer of txnID only (the pipeline's second client).
-func (r *Relay) fence(stop *stopper, kcl *kgo.Client, c *conns, txnID string) error {
+// the previous leader's producers fenced at the broker (with Kafka
+// transactions: the slot's transactional id on kcl, the pipeline's on kcl2)
+// and its walsender gone from the slot.
+func (r *Relay) fence(stop *stopper, kcl, kcl2 *kgo.Client, c *conns, txnID string) error {
 	lt := stop.t
-	if r.cfg.Transactional {
-		// InitProducerID bumps the epoch of the slot's transactional id,
-		// which aborts the previous leader's open transaction and refuses
-		// its produce requests and commits from now on.
-		id, epoch, err := kcl.ProducerID(stop.read)
+	for i, cl := range []*kgo.Client{kcl, kcl2} {
+		if !r.cfg.Transactional || cl == nil {
+			continue
+		}
+		id := txnID
+		if i == 1 {
+			id += pipelineSuffix
+		}
+		// InitProducerID bumps the epoch of the transactional id, which
+		// aborts the previous leader's open transaction and refuses its
+		// produce requests and commits from now on.
+		pid, epoch, err := cl.ProducerID(stop.read)
 		if err != nil {
 			if stop.term.Err() != nil {
 				return lt.Err()
 			}
-			if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
-				return &fatal.Error{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector-, or set OUTBOX_KAFKA_TRANSACTIONAL=false", txnID), Err: err}
+			refused := errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+			if refused && i == 1 && !r.cfg.TxnPipeline {
+				// Without the pipeline the second id is fenced only in
+				// case an earlier leader used it; one running as this
+				// principal could not have.
+				r.log.Warn("Kafka refused the pipeline's transactional id; without OUTBOX_KAFKA_TXN_PIPELINE it is not needed, and no leader running as this principal can have used it", "transactional_id", id, "err", err)
+				continue
 			}
-			return &kafkaError{fmt.Errorf("initialise the Kafka transactional producer %q: %w", txnID, err)}
+			if refused {
+				return &fatal.Error{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector- (the slot has two: the pipeline's ends in %s; or set OUTBOX_KAFKA_TXN_PIPELINE=false), or set OUTBOX_KAFKA_TRANSACTIONAL=false", id, pipelineSuffix), Err: err}
+			}
+			return &kafkaError{fmt.Errorf("initialise the Kafka transactional producer %q: %w", id, err)}
 		}
-		r.log.Info("Kafka producer initialised; earlier producers of the slot are fenced", "transactional_id", txnID, "producer_id", id, "epoch", epoch, "token", lt.Token)
-	}
-	if c == nil {
-		return nil
+		r.log.Info("Kafka producer initialised; earlier producers of the slot are fenced", "transactional_id", id, "producer_id", pid, "epoch", epoch, "token", lt.Token)
 	}
 	if err := r.freeSlot(stop.read, c.conn, c.rconn.PID()); err != nil {
 		if stop.term.Err() != nil {

@@ -124,13 +124,16 @@ func setupDB(t *testing.T, pg *testenv.Postgres, db string) *pgxpool.Pool {
 }
 
 // TestOrdersSurviveRelayCrashesAndBrokerOutages is the failure the outbox
-// exists to prevent, reproduced twice in one setup: 10,000 orders placed
-// through the outbox while the relay is killed with SIGKILL again and again
-// and the broker freezes for 400 ms several times and goes down once for
-// 30 s — every order is fulfilled and charged exactly once, although
-// duplicates are delivered; and, side by side under the same faults, the
-// naive dual write (commit, then publish), whose process dies between the
-// two at every kill, loses orders.
+// exists to prevent, reproduced in one setup: 10,000 orders placed through
+// the outbox while the relay is killed with SIGKILL again and again and the
+// broker freezes for 400 ms several times and goes down once for 30 s —
+// every order is fulfilled and charged exactly once; side by side under the
+// same faults, the same flow with the relay at-least-once
+// (OUTBOX_KAFKA_TRANSACTIONAL=false, what the connector did before its
+// exactly-once position) delivers duplicates, which the inbox skips, and
+// the log says how many reached each; and the naive dual write (commit,
+// then publish), whose process dies between the two at every kill, loses
+// orders.
 func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 	const totalOrders = 10000
 	const ratePerSec = 175
@@ -138,10 +141,17 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 	defer cancel()
 	pg := testenv.StartPostgres(t, testenv.PGOptions{Settings: map[string]string{"max_wal_size": "'1GB'"}})
 	k := testenv.StartKafka(t)
-	if _, err := pg.Conn(t, "postgres").Exec(ctx, "CREATE DATABASE naive"); err != nil {
+	for _, db := range []string{"naive", "alo"} {
+		if _, err := pg.Conn(t, "postgres").Exec(ctx, "CREATE DATABASE "+db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pg.ApplySchema("alo"); err != nil {
 		t.Fatal(err)
 	}
 	outboxDB := setupDB(t, pg, "outbox")
+	aloDB := setupDB(t, pg, "alo")
+	const aloTopic = "alo.event.Order"
 	naiveDB := setupDB(t, pg, "naive") // 12 connections: placers hold one only for their INSERT
 	const naiveTopic = "naive.event.Order"
 	{
@@ -149,7 +159,7 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := kadm.NewClient(cl).CreateTopics(ctx, 3, 1, nil, fulfill.Topic, naiveTopic); err != nil {
+		if _, err := kadm.NewClient(cl).CreateTopics(ctx, 3, 1, nil, fulfill.Topic, naiveTopic, aloTopic); err != nil {
 			t.Fatal(err)
 		}
 		cl.Close()
@@ -167,11 +177,17 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 		}
 		return c
 	}
+	// What the relays put in the topics, read_committed, beside what the
+	// inbox saw: duplicates in the topic are the relay's, the rest the
+	// consumer's own (offsets not committed before a broker outage).
+	inTopic := testenv.StartConsumer(t, k.Brokers, fulfill.Topic)
+	inAloTopic := testenv.StartConsumer(t, k.Brokers, aloTopic)
 	outboxConsumer := consumer(outboxDB, "fulfillment", fulfill.Topic)
+	aloConsumer := consumer(aloDB, "fulfillment-alo", aloTopic)
 	naiveConsumer := consumer(naiveDB, "fulfillment-naive", naiveTopic)
 	var cwg sync.WaitGroup
 	cctx, ccancel := context.WithCancel(ctx)
-	for _, c := range []*inbox.Consumer{outboxConsumer, naiveConsumer} {
+	for _, c := range []*inbox.Consumer{outboxConsumer, aloConsumer, naiveConsumer} {
 		cwg.Add(1)
 		go func() { defer cwg.Done(); _ = c.Run(cctx) }()
 	}
@@ -184,14 +200,25 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 		"OUTBOX_TOPIC_PARTITIONS": "3", "OUTBOX_LEASE_TTL": "2s",
 	}}
 	rl.start(true)
+	aport, _ := testenv.FreePort()
+	alo := &relay{t: t, bin: rl.bin, env: map[string]string{
+		"OUTBOX_PG_DSN": pg.DSN("alo"), "OUTBOX_KAFKA_BROKERS": k.Brokers,
+		"OUTBOX_HTTP_ADDR": fmt.Sprintf("127.0.0.1:%d", aport), "OUTBOX_STATUS_INTERVAL": "200ms",
+		"OUTBOX_TOPIC_PARTITIONS": "3", "OUTBOX_LEASE_TTL": "2s",
+		"OUTBOX_KAFKA_TRANSACTIONAL": "false", "OUTBOX_ROUTE_TOPIC_REPLACEMENT": "alo.event.${routedByValue}",
+		"OUTBOX_SLOT": "alo_slot", "OUTBOX_PUBLICATION": "alo_pub",
+	}}
+	alo.start(true)
 
-	// Order placers: the outbox service and the naive one, at the same pace.
+	// Order placers: the outbox service (twice: one for each relay) and the
+	// naive one, at the same pace.
 	outboxSvc := &order.Service{DB: outboxDB}
+	aloSvc := &order.Service{DB: aloDB}
 	naiveSvc := &order.NaiveService{DB: naiveDB, Topic: naiveTopic, NewClient: func() (*kgo.Client, error) {
 		return kgo.NewClient(kgo.SeedBrokers(k.Brokers), kgo.RecordDeliveryTimeout(5*time.Second),
 			kgo.MetadataMinAge(250*time.Millisecond))
 	}}
-	var placed, placeErrs, naivePlaced, naiveCrashed, naivePublishErrs, naiveNanos atomic.Int64
+	var placed, placeErrs, aloPlaced, naivePlaced, naiveCrashed, naivePublishErrs, naiveNanos atomic.Int64
 	var owg, nwg sync.WaitGroup
 	naiveStop := make(chan struct{})
 	// The naive flow has more placers: each blocks on its publish (for up
@@ -241,8 +268,9 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 		}
 	}
 	for i := 0; i < outboxPlacers; i++ {
-		owg.Add(1)
+		owg.Add(2)
 		go func() { defer owg.Done(); place(outboxSvc, &placed, false) }()
+		go func() { defer owg.Done(); place(aloSvc, &aloPlaced, false) }()
 	}
 	for i := 0; i < naivePlacers; i++ {
 		nwg.Add(1)
@@ -258,10 +286,12 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 	kill := func(restartWait bool) {
 		time.Sleep(time.Duration(700+rng.Intn(800)) * time.Millisecond)
 		rl.kill()
+		alo.kill()
 		naiveSvc.Crash()
 		kills++
 		t0 := time.Now()
 		rl.start(restartWait)
+		alo.start(restartWait)
 		t.Logf("kill %d at %s; restarted relay streaming after %s; %d orders placed", kills, time.Since(start).Round(100*time.Millisecond),
 			time.Since(t0).Round(10*time.Millisecond), placed.Load())
 	}
@@ -305,10 +335,11 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 
 	// Drain: every outbox order fulfilled; the naive flow settled.
 	deadline := time.Now().Add(2 * time.Minute)
-	var oc flowCounts
+	var oc, ac flowCounts
 	for {
 		oc = counts(t, outboxDB)
-		if oc.fulfilled == oc.orders && oc.orders >= totalOrders {
+		ac = counts(t, aloDB)
+		if oc.fulfilled == oc.orders && oc.orders >= totalOrders && ac.fulfilled == ac.orders && ac.orders >= totalOrders {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -328,12 +359,34 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 	ccancel()
 	cwg.Wait()
 	rl.p.Signal(syscall.SIGTERM)
+	alo.p.Signal(syscall.SIGTERM)
 	rl.p.Wait(t, 60*time.Second)
+	alo.p.Wait(t, 60*time.Second)
 
-	ost, ns := outboxConsumer.Stats(), naiveConsumer.Stats()
+	ost, ast, ns := outboxConsumer.Stats(), aloConsumer.Stats(), naiveConsumer.Stats()
 	dupLines := logs.lines(`msg="duplicate delivery skipped" flow=fulfillment `)
-	t.Logf("outbox:     %d orders, %d fulfilled, %d shipments, %d charges, %d orders charged twice; %d duplicate deliveries skipped by the inbox (%d log lines, e.g. %s), %d dead-lettered; %d failed placements (rolled back, no order)",
-		oc.orders, oc.fulfilled, oc.shipments, oc.charges, oc.chargedTwice, ost.Duplicates, len(dupLines), firstOf(dupLines), ost.DeadLettered, placeErrs.Load())
+	aloLines := logs.lines(`msg="duplicate delivery skipped" flow=fulfillment-alo `)
+	t.Logf("outbox:     %d orders, %d fulfilled, %d shipments, %d charges, %d orders charged twice; %d duplicate deliveries reached the inbox (exactly-once relay; %d log lines), %d dead-lettered; %d failed placements (rolled back, no order)",
+		oc.orders, oc.fulfilled, oc.shipments, oc.charges, oc.chargedTwice, ost.Duplicates, len(dupLines), ost.DeadLettered, placeErrs.Load())
+	topicDups := func(c *testenv.Consumer) int {
+		seen := map[string]bool{}
+		n := 0
+		for _, r := range c.Records() {
+			id := testenv.Header(r, "id")
+			if seen[id] {
+				n++
+			}
+			seen[id] = true
+		}
+		return n
+	}
+	relayDups, aloRelayDups := topicDups(inTopic), topicDups(inAloTopic)
+	t.Logf("duplicates the relays put in the topics (read_committed): exactly-once %d, at-least-once %d", relayDups, aloRelayDups)
+	if relayDups != 0 {
+		t.Errorf("the exactly-once relay put %d duplicates in %s; want 0", relayDups, fulfill.Topic)
+	}
+	t.Logf("outbox, relay at-least-once: %d orders, %d fulfilled, %d charges, %d orders charged twice; %d duplicate deliveries reached the inbox and were skipped (%d log lines, e.g. %s)",
+		ac.orders, ac.fulfilled, ac.charges, ac.chargedTwice, ast.Duplicates, len(aloLines), firstOf(aloLines))
 	t.Logf("naive dual write: %d orders committed, %d fulfilled, %d LOST (%d died between commit and publish at a kill, %d publishes failed during the outage after the commit); %d charges; mean Place %s",
 		nc.orders, nc.fulfilled, nc.orders-nc.fulfilled, naiveCrashed.Load(), naivePublishErrs.Load(), nc.charges,
 		time.Duration(naiveNanos.Load()/max(1, naivePlaced.Load())).Round(time.Millisecond))
@@ -345,8 +398,12 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 		t.Errorf("outbox flow: %d charges and %d shipments for %d orders (%d charged twice); want exactly one each",
 			oc.charges, oc.shipments, oc.orders, oc.chargedTwice)
 	}
-	if ost.Duplicates == 0 || len(dupLines) == 0 {
-		t.Errorf("no duplicate delivery seen: the faults did not exercise the inbox")
+	if ac.orders != totalOrders || ac.charges != ac.orders || ac.shipments != ac.orders || ac.chargedTwice != 0 {
+		t.Errorf("outbox flow with the at-least-once relay: %d charges and %d shipments for %d orders (%d charged twice); want exactly one each of %d",
+			ac.charges, ac.shipments, ac.orders, ac.chargedTwice, totalOrders)
+	}
+	if ast.Duplicates == 0 || len(aloLines) == 0 {
+		t.Errorf("no duplicate delivery seen with the at-least-once relay: the faults did not exercise the inbox")
 	}
 	if ost.DeadLettered != 0 {
 		t.Errorf("%d orders dead-lettered", ost.DeadLettered)

@@ -135,8 +135,9 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 	defer p.txn.timer.Stop()
 	fail := func(err error) error {
 		onFatal()
-		p.abort()
-		return err
+		// A commit in flight may have failed for a graver reason (the
+		// second transactional id fenced or refused): say both.
+		return errors.Join(err, p.abort())
 	}
 	for {
 		var due <-chan time.Time
@@ -174,8 +175,7 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 					// it is published again all the same: see README,
 					// "Delivery guarantees".)
 					p.log.Info("the stream stopped inside a PostgreSQL transaction; aborting the open Kafka transaction, which the next session writes again")
-					err := p.settle()
-					p.abort()
+					err := errors.Join(p.settle(), p.abort())
 					if err != nil {
 						onFatal()
 					}
@@ -209,6 +209,16 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 				p.adapt(in)
 			}
 		case <-due:
+			if p.pipelined() {
+				// A commit in flight: the open transaction commits
+				// when it ends (settled). None: at once.
+				if p.txn.pending == nil {
+					if err := p.startCommit(ctx); err != nil {
+						return fail(err)
+					}
+				}
+				continue
+			}
 			if err := p.commit(ctx); err != nil {
 				return fail(err)
 			}
@@ -216,8 +226,7 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 		case <-ctx.Done():
 			// The lease is lost (or the graceful stop ran out of time):
 			// publish nothing more; abort what is open.
-			p.abort()
-			return ctx.Err()
+			return errors.Join(ctx.Err(), p.abort())
 		}
 	}
 }
@@ -411,6 +420,10 @@ func (p *Producer) settle() error {
 func (p *Producer) finish(pc *pendingCommit, err error) error {
 	p.txn.pending = nil
 	if err != nil {
+		// Ended promptly, so that read_committed consumers (and the next
+		// session's read of the position) are not held back until a new
+		// epoch aborts it.
+		p.abortLane(pc.lane.client)
 		if isFenced(err) {
 			return fmt.Errorf("%w: commit the Kafka transaction: %w", ErrFenced, err)
 		}
@@ -580,23 +593,28 @@ func (p *Producer) aloneTxn(ctx context.Context, ev wal.Event, id rowID, rec *kg
 }
 
 // abort ends the open transaction without committing, promptly, so that
-// read_committed consumers are not held back until a new epoch aborts it.
-// Errors do not matter: the session ends, and the next epoch aborts
-// whatever is left.
-func (p *Producer) abort() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
+// read_committed consumers are not held back until a new epoch aborts it,
+// after the commit in flight (pipelined) has ended one way or the other:
+// committed, its records are acked (they are in Kafka); failed, it is
+// aborted too (finish), and its error is returned. Other errors do not
+// matter: the session ends, and the next epoch aborts whatever is left.
+func (p *Producer) abort() error {
+	var perr error
 	if pc := p.txn.pending; pc != nil {
-		// The commit in flight ends, one way or the other: committed,
-		// its records are acked (they are in Kafka); failed, the next
-		// producer epoch aborts what is left of it.
+		// The commit's own context is the session's: cancelled, its
+		// EndTxn returns at once; otherwise it ends within a round trip
+		// or its retries.
 		select {
 		case err := <-pc.done:
-			_ = p.finish(pc, err)
-		case <-ctx.Done():
+			perr = p.finish(pc, err)
+		case <-time.After(pendingWait):
 			p.txn.pending = nil
+			perr = fmt.Errorf("the Kafka transaction being committed did not end within %s; the next session's producer epoch aborts it if it did not commit", pendingWait)
+			p.abortLane(pc.lane.client)
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
 	cl := p.txnClient()
 	_ = cl.AbortBufferedRecords(ctx)
 	if len(p.txn.recs) > 0 || p.txn.open {
@@ -612,4 +630,17 @@ func (p *Producer) abort() {
 	p.mu.Unlock()
 	p.txn.bad.Store(false)
 	p.eo.aborted()
+	return perr
+}
+
+// pendingWait bounds abort's wait for the commit in flight.
+const pendingWait = 10 * time.Second
+
+// abortLane aborts what a lane's failed commit left open.
+func (p *Producer) abortLane(cl *kgo.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := cl.EndTransaction(ctx, kgo.TryAbort); err == nil {
+		p.metrics.KafkaTxns.WithLabelValues("abort").Inc()
+	}
 }
