@@ -199,6 +199,7 @@ type pipeTxn struct {
 type pipeSession struct {
 	n       int
 	cl      *kgo.Client
+	cl2     *kgo.Client // the pipeline's second transactional client (nil: none)
 	tr      *tracker.Tracker
 	in      chan wal.Event
 	stopped chan struct{} // closed by the producer's onFatal
@@ -323,7 +324,7 @@ func newPipeline(t *testing.T, rt *rapid.T, pool *pgxpool.Pool, txnl bool, n int
 func (h *pipeline) close() {
 	if h.s != nil {
 		h.s.cancel()
-		h.s.cl.Close()
+		h.s.close()
 		select {
 		case <-h.s.exited:
 		case <-time.After(10 * time.Second):
@@ -504,6 +505,15 @@ func (h *pipeline) startSession() {
 		h.fail("new Kafka client: %v", err)
 	}
 	s.cl = cl
+	// Every other transactional session commits pipelined, as the relay
+	// does by default (Config.Pipeline).
+	if h.txnl && s.n%2 == 0 {
+		cl2, err := kgo.NewClient(append(opts, kgo.TransactionalID("outbox-connector-"+h.prefix+"-b"))...)
+		if err != nil {
+			h.fail("new Kafka client: %v", err)
+		}
+		s.cl2 = cl2
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	s.tr = tracker.New(s.start)
@@ -516,11 +526,16 @@ func (h *pipeline) startSession() {
 	}
 	h.s = s
 	if h.txnl {
-		ictx, icancel := context.WithTimeout(ctx, 10*time.Second)
-		_, _, err := cl.ProducerID(ictx)
-		icancel()
-		if err != nil {
-			h.fail("session %d: initialise the transactional producer: %v", s.n, err)
+		for _, c := range []*kgo.Client{cl, s.cl2} {
+			if c == nil {
+				continue
+			}
+			ictx, icancel := context.WithTimeout(ctx, 10*time.Second)
+			_, _, err := c.ProducerID(ictx)
+			icancel()
+			if err != nil {
+				h.fail("session %d: initialise the transactional producer: %v", s.n, err)
+			}
 		}
 	}
 	token := strconv.Itoa(s.n)
@@ -530,7 +545,7 @@ func (h *pipeline) startSession() {
 			return []kgo.RecordHeader{{Key: "outbox.lease.token", Value: []byte(token)}}
 		},
 		Transactional: h.txnl, TxnInterval: h.txnInterval, TxnMaxRecords: h.maxInFlight,
-		Poison: h.poison, Valid: s.valid.Load,
+		Poison: h.poison, Valid: s.valid.Load, Pipeline: s.cl2,
 		Faults: func(step faultstep.Step) error {
 			if a := s.armed.Load(); a != nil && *a == step && s.armed.CompareAndSwap(a, nil) {
 				return fmt.Errorf("injected by the model at %s", step)
@@ -545,6 +560,14 @@ func (h *pipeline) startSession() {
 		s.err = p.Run(ctx, s.in, func() { once.Do(func() { close(s.stopped) }) })
 	}()
 	h.tracef("session %d starts at %d (WAL txn #%d on)", s.n, s.start, s.next)
+}
+
+// close closes the session's clients.
+func (s *pipeSession) close() {
+	s.cl.Close()
+	if s.cl2 != nil {
+		s.cl2.Close()
+	}
 }
 
 var pipelineRouter = sync.OnceValues(func() (*route.Router, error) { return route.New(route.DefaultConfig()) })
@@ -657,7 +680,7 @@ func (h *pipeline) endSession(why string, crash bool) {
 	}
 	if crash {
 		s.cancel()
-		go s.cl.Close()
+		go s.close()
 	}
 	if !s.closed {
 		close(s.in)
@@ -669,7 +692,7 @@ func (h *pipeline) endSession(why string, crash bool) {
 		h.fail("session %d: the producer did not return within %s of the stream's end", s.n, wedgeTimeout)
 	}
 	s.cancel()
-	s.cl.Close()
+	s.close()
 	acked := s.tr.Acked()
 	s.tr.Reset()
 	h.checkAt(acked, "session end")
