@@ -20,12 +20,14 @@ import (
 
 // TestExactlyOnceCrashReplay: sessions fail right after Kafka committed a
 // transaction (its records and its position are in Kafka, nothing of it is
-// acked or confirmed to PostgreSQL), four times under load (the reconnect
-// backoff doubles each time); each next
-// session reads the slot again from the confirmed position, skips what the
-// position covers, and a read_committed consumer sees every event once, in
-// order. Without the position every such failure publishes the whole
-// transaction again.
+// acked or confirmed to PostgreSQL), three times under load (the reconnect
+// backoff doubles each time), and twice right before a commit (the
+// transaction's records are in the log, then aborted); each next session
+// reads the slot again from the confirmed position, skips what the position
+// covers, and a read_committed consumer sees every event once, in order.
+// Without the position every failure after a commit publishes the whole
+// transaction again. A read_uncommitted consumer sees the aborted records
+// too: what the README tells consumers.
 func TestExactlyOnceCrashReplay(t *testing.T) {
 	pg := testenv.StartPostgres(t, testenv.PGOptions{})
 	brokers := testenv.SharedKafka(t)
@@ -33,12 +35,16 @@ func TestExactlyOnceCrashReplay(t *testing.T) {
 	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
 	cfg := testConfig(t, pg.DSN("outbox"), brokers)
 	cfg.OffsetsTopic = "offsets." + aggType
-	const failures = 4
-	var commits, failed atomic.Int64
+	const failures, aborts = 3, 2
+	var commits, failed, flushed, aborted atomic.Int64
 	hook := func(s fault.Step) error {
 		if s == fault.AfterKafkaCommit && commits.Add(1)%7 == 0 && failed.Load() < failures {
 			failed.Add(1)
 			return errors.New("injected: the session fails after Kafka committed")
+		}
+		if s == fault.BeforeKafkaCommit && flushed.Add(1)%11 == 0 && aborted.Load() < aborts {
+			aborted.Add(1)
+			return errors.New("injected: the session fails before Kafka commits")
 		}
 		return nil
 	}
@@ -46,7 +52,7 @@ func TestExactlyOnceCrashReplay(t *testing.T) {
 	run.waitStreaming(t)
 	lw := testenv.StartLoad(t, pg.DSN("outbox"), aggType, 50, 5*time.Millisecond)
 	deadline := time.Now().Add(2 * time.Minute)
-	for failed.Load() < failures && time.Now().Before(deadline) {
+	for (failed.Load() < failures || aborted.Load() < aborts) && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	want := lw.Halt()
@@ -57,8 +63,25 @@ func TestExactlyOnceCrashReplay(t *testing.T) {
 	}
 	dups := c.Verify(t, want)
 	t.Logf("%d events, %d sessions failed after a Kafka commit; %s events skipped as already in Kafka; %d duplicates", len(want), failed.Load(), skipped, dups)
-	if failed.Load() < failures {
-		t.Errorf("only %d failures injected", failed.Load())
+	if failed.Load() < failures || aborted.Load() < aborts {
+		t.Errorf("only %d failures after a commit and %d before one injected", failed.Load(), aborted.Load())
+	}
+	// read_uncommitted: the aborted transactions' records are there too.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ConsumeTopics("outbox.event."+aggType),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadUncommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	uncommitted := 0
+	for end := time.Now().Add(30 * time.Second); uncommitted <= c.Count() && time.Now().Before(end); {
+		pctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		uncommitted += cl.PollFetches(pctx).NumRecords()
+		cancel()
+	}
+	t.Logf("read_committed: %d records; read_uncommitted: %d so far (the aborted transactions' records)", c.Count(), uncommitted)
+	if uncommitted <= c.Count() {
+		t.Errorf("a read_uncommitted consumer saw %d records, no more than read_committed's %d: the aborted records are not visible, and the test shows nothing", uncommitted, c.Count())
 	}
 	if dups != 0 {
 		t.Errorf("%d duplicates; want 0", dups)
@@ -68,14 +91,14 @@ func TestExactlyOnceCrashReplay(t *testing.T) {
 	}
 }
 
-// TestOffsetsTopicLost: the offsets topic deleted, or the slot's position
+// TestOffsetsTopicLost: the offsets topic deleted, the slot's position
 // deleted from it (a tombstone: a compacted topic refuses DeleteRecords),
-// between two runs: the next start refuses with the choices, naming
+// or set back (an older copy of the topic), between two runs: the next start refuses with the choices, naming
 // OUTBOX_ON_OFFSETS_LOSS; with OUTBOX_ON_OFFSETS_LOSS=at-least-once it
 // continues from the slot's position, and a start after that is normal
 // again (a new history of positions).
 func TestOffsetsTopicLost(t *testing.T) {
-	for _, how := range []string{"deleted", "tombstone"} {
+	for _, how := range []string{"deleted", "tombstone", "behind"} {
 		t.Run(how, func(t *testing.T) {
 			pg := testenv.StartPostgres(t, testenv.PGOptions{})
 			brokers := testenv.SharedKafka(t)
@@ -121,13 +144,20 @@ func TestOffsetsTopicLost(t *testing.T) {
 				if _, err := adm.DeleteTopic(ctx, cfg.OffsetsTopic); err != nil {
 					t.Fatal(err)
 				}
-			case "tombstone":
+			case "tombstone", "behind":
 				var sys string
-				if err := conn.QueryRow(ctx, "SELECT system_identifier FROM outbox_connector_state WHERE slot_name = 'outbox_slot'").Scan(&sys); err != nil {
+				var epoch int64
+				if err := conn.QueryRow(ctx, "SELECT system_identifier, offsets_epoch FROM outbox_connector_state WHERE slot_name = 'outbox_slot'").Scan(&sys, &epoch); err != nil {
 					t.Fatal(err)
 				}
 				key := offsets.Key{SystemID: sys, Database: "outbox", Slot: "outbox_slot"}
-				if err := cl.ProduceSync(ctx, &kgo.Record{Topic: cfg.OffsetsTopic, Key: key.Bytes()}).FirstErr(); err != nil {
+				rec := &kgo.Record{Topic: cfg.OffsetsTopic, Key: key.Bytes()}
+				if how == "behind" {
+					// An older copy of the topic: a position of the same
+					// history, behind what the state row recorded.
+					rec.Value = offsets.Position{Epoch: epoch, Timeline: 1, Commit: 1}.Value()
+				}
+				if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 					t.Fatal(err)
 				}
 			}
