@@ -93,6 +93,9 @@ type txnState struct {
 	// duration under load.
 	linger     time.Duration
 	lastCommit time.Duration
+	// lastFlush is how long the last commit's flush took: pipelined, the
+	// only part of a commit that stops the line.
+	lastFlush time.Duration
 }
 
 // lane is one transactional client and its failure watch (nil without
@@ -156,10 +159,11 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 			if err := p.finish(p.txn.pending, err); err != nil {
 				return fail(err)
 			}
-			if p.txn.open {
+			if p.txn.open && p.due(in) {
 				if err := p.startCommit(ctx); err != nil {
 					return fail(err)
 				}
+				p.adapt(in)
 			}
 		case ev, ok := <-in:
 			if !ok {
@@ -197,10 +201,11 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 					return fail(err)
 				}
 				fallthrough
-			case p.pipelined() && p.txn.pending == nil:
+			case p.pipelined() && p.txn.pending == nil && p.due(in):
 				if err := p.startCommit(ctx); err != nil {
 					return fail(err)
 				}
+				p.adapt(in)
 			case p.pipelined():
 			case len(p.txn.recs) >= p.cfg.TxnMaxRecords || len(in) == 0 && time.Since(p.txn.started) >= p.txn.linger:
 				if err := p.commit(ctx); err != nil {
@@ -216,6 +221,7 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 					if err := p.startCommit(ctx); err != nil {
 						return fail(err)
 					}
+					p.adapt(in)
 				}
 				continue
 			}
@@ -320,14 +326,29 @@ func (p *Producer) unfinished() bool {
 const loadMark = 128
 
 // adapt sets the next transaction's linger from the commit that just
-// ended: events that piled up during it mean load. An event or two is a
-// trickle, for which committing at once is cheapest in latency.
+// ended (pipelined: just started): events that piled up during it mean
+// load. An event or two is a trickle, for which committing at once is
+// cheapest in latency. Under load a transaction stays open at least four
+// times as long as what stopped the line for the last commit (the whole
+// commit; pipelined, its flush alone, the EndTxn running beside the next
+// transaction), so at most a fifth of the time goes to committing.
 func (p *Producer) adapt(in <-chan wal.Event) {
 	if len(in) < max(min(cap(in)/2, loadMark), 1) {
 		p.txn.linger = 0
 		return
 	}
-	p.txn.linger = min(4*p.txn.lastCommit, p.cfg.TxnInterval)
+	stall := p.txn.lastCommit
+	if p.pipelined() {
+		stall = p.txn.lastFlush
+	}
+	p.txn.linger = min(4*stall, p.cfg.TxnInterval)
+}
+
+// due reports, pipelined, whether the open transaction should commit once
+// no commit is in flight: at once when the stream has nothing more to hand
+// over (latency), or once it is as old as its linger (under load).
+func (p *Producer) due(in <-chan wal.Event) bool {
+	return len(in) == 0 || time.Since(p.txn.started) >= p.txn.linger
 }
 
 // commit flushes the open transaction and commits it, then marks its
@@ -361,6 +382,7 @@ func (p *Producer) startCommit(ctx context.Context) error {
 	if err := ln.client.Flush(ctx); err != nil {
 		return fmt.Errorf("flush the Kafka transaction: %w", err)
 	}
+	p.txn.lastFlush = time.Since(start)
 	if err := p.recordErrors(); err != nil {
 		return err
 	}
