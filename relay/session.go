@@ -75,11 +75,13 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	// and fenced by every new leader, with the pipeline or without (an
 	// earlier leader may have run with it).
 	var kcl2 *kgo.Client
+	closeKafka2 := func() {}
 	if r.cfg.Transactional {
 		if kcl2, err = r.newKafkaClient(txnID+pipelineSuffix, true); err != nil {
 			return err
 		}
-		defer kcl2.Close()
+		closeKafka2 = sync.OnceFunc(kcl2.Close)
+		defer closeKafka2()
 	}
 	if !r.cfg.Transactional {
 		// Without Kafka transactions nothing at the broker fences this
@@ -96,6 +98,8 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		return err
 	}
 	if !r.cfg.TxnPipeline {
+		// Needed only to fence an earlier leader's use of it.
+		closeKafka2()
 		kcl2 = nil
 	}
 	l.established.Store(true)
@@ -294,16 +298,11 @@ func (r *Relay) fence(stop *stopper, kcl, kcl2 *kgo.Client, c *conns, txnID stri
 			if stop.term.Err() != nil {
 				return lt.Err()
 			}
-			refused := errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
-			if refused && i == 1 && !r.cfg.TxnPipeline {
-				// Without the pipeline the second id is fenced only in
-				// case an earlier leader used it; one running as this
-				// principal could not have.
-				r.log.Warn("Kafka refused the pipeline's transactional id; without OUTBOX_KAFKA_TXN_PIPELINE it is not needed, and no leader running as this principal can have used it", "transactional_id", id, "err", err)
-				continue
-			}
-			if refused {
-				return &fatal.Error{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector- (the slot has two: the pipeline's ends in %s; or set OUTBOX_KAFKA_TXN_PIPELINE=false), or set OUTBOX_KAFKA_TRANSACTIONAL=false", id, pipelineSuffix), Err: err}
+			if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+				// The second id too, with the pipeline off: an earlier
+				// leader (under other credentials, say) may have used
+				// it, and only its fence stops that one's late commit.
+				return &fatal.Error{Msg: fmt.Sprintf("Kafka refused the transactional id %q; grant WRITE and DESCRIBE on transactional ids with the prefix outbox-connector- (each slot has two: the second ends in %s, and is fenced at every takeover even with OUTBOX_KAFKA_TXN_PIPELINE=false), or set OUTBOX_KAFKA_TRANSACTIONAL=false", id, pipelineSuffix), Err: err}
 			}
 			return &kafkaError{fmt.Errorf("initialise the Kafka transactional producer %q: %w", id, err)}
 		}

@@ -139,8 +139,8 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 	fail := func(err error) error {
 		onFatal()
 		// A commit in flight may have failed for a graver reason (the
-		// second transactional id fenced or refused): say both.
-		return errors.Join(err, p.abort())
+		// second transactional id fenced or refused).
+		return graver(err, p.abort())
 	}
 	for {
 		var due <-chan time.Time
@@ -179,7 +179,7 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 					// it is published again all the same: see README,
 					// "Delivery guarantees".)
 					p.log.Info("the stream stopped inside a PostgreSQL transaction; aborting the open Kafka transaction, which the next session writes again")
-					err := errors.Join(p.settle(), p.abort())
+					err := graver(p.settle(), p.abort())
 					if err != nil {
 						onFatal()
 					}
@@ -232,7 +232,7 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 		case <-ctx.Done():
 			// The lease is lost (or the graceful stop ran out of time):
 			// publish nothing more; abort what is open.
-			return errors.Join(ctx.Err(), p.abort())
+			return graver(ctx.Err(), p.abort())
 		}
 	}
 }
@@ -357,6 +357,14 @@ func (p *Producer) due(in <-chan wal.Event) bool {
 // aborts this transaction) reads them again from the confirmed position.
 func (p *Producer) commit(ctx context.Context) error {
 	if err := p.settle(); err != nil {
+		if p.txn.open && p.txn.bad.Load() {
+			// A record of the open transaction failed too: find out
+			// which, so that a record Kafka refused is a suspect for
+			// the next session (see Poison), as after a commit.
+			if ferr := p.txnClient().Flush(ctx); ferr == nil {
+				err = graver(err, p.recordErrors())
+			}
+		}
 		return err
 	}
 	if err := p.startCommit(ctx); err != nil {
@@ -630,9 +638,11 @@ func (p *Producer) abort() error {
 		case err := <-pc.done:
 			perr = p.finish(pc, err)
 		case <-time.After(pendingWait):
+			// Its lane is busy in EndTxn (which holds the client's
+			// transaction lock): the next session's producer epoch
+			// aborts it if it did not commit.
 			p.txn.pending = nil
-			perr = fmt.Errorf("the Kafka transaction being committed did not end within %s; the next session's producer epoch aborts it if it did not commit", pendingWait)
-			p.abortLane(pc.lane.client)
+			perr = fmt.Errorf("the Kafka transaction being committed had no answer within %s; the next session's producer epoch aborts it if it did not commit", pendingWait)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -653,6 +663,30 @@ func (p *Producer) abort() error {
 	p.txn.bad.Store(false)
 	p.eo.aborted()
 	return perr
+}
+
+// graver is the graver of two errors of one failure, for the session's
+// verdict: a fatal error (the connector stops) before a fenced one (the
+// instance steps down) before any other, a stop's own (context.Canceled)
+// last; of two alike, the first.
+func graver(a, b error) error {
+	rank := func(err error) int {
+		switch {
+		case err == nil:
+			return -1
+		case fatal.Is(err):
+			return 3
+		case errors.Is(err, ErrFenced):
+			return 2
+		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			return 0
+		}
+		return 1
+	}
+	if rank(b) > rank(a) {
+		return b
+	}
+	return a
 }
 
 // pendingWait bounds abort's wait for the commit in flight.
