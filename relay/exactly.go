@@ -60,7 +60,6 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 			return err
 		}
 		r.log.Info("exactly-once positions start a new history: nothing the slot gives is skipped until the first Kafka transaction commits one", "why", why, "epoch", st.OffsetsEpoch, "topic", topic)
-		r.metrics.KafkaPosition.Set(0)
 		r.kafkaPos.Store(0)
 		return nil
 	}
@@ -121,7 +120,6 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 		r.log.Warn(msg, "on_offsets_loss", r.cfg.OnOffsetsLoss)
 		return o, newHistory("OUTBOX_ON_OFFSETS_LOSS=at-least-once after the offsets topic lost the position")
 	}
-	r.metrics.KafkaPosition.Set(float64(pos.Commit))
 	r.kafkaPos.Store(pos.Commit)
 	r.log.Info("exactly-once position read back: the events it covers are in Kafka and are skipped when the slot gives them again", "position", pos.String(), "confirmed", wal.FormatLSN(st.Confirmed))
 	o.Resume = &pos

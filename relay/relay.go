@@ -138,6 +138,9 @@ func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.M
 	m.GaugeFunc("outbox_connector_confirmed_lsn", "WAL position recorded durably and confirmable to PostgreSQL.", func() float64 {
 		return float64(r.confirmed.Load())
 	})
+	m.GaugeFunc("outbox_connector_kafka_position_lsn", "Commit LSN of the newest exactly-once position committed in Kafka (0 without one).", func() float64 {
+		return float64(r.kafkaPos.Load())
+	})
 	m.GaugeFunc("outbox_connector_kafka_position_ahead_bytes", "How far the exactly-once position in Kafka is ahead of the position confirmed to PostgreSQL, in WAL bytes: what a restart now replays and skips (0 when behind or without one).", func() float64 {
 		k, c := r.kafkaPos.Load(), r.confirmed.Load()
 		if k > c {

@@ -51,10 +51,6 @@ type Metrics struct {
 	ExactlyOnceSkipped prometheus.Counter
 	// ExactlyOnceSkippedLast is that count for the last session start.
 	ExactlyOnceSkippedLast prometheus.Gauge
-	// KafkaPosition is the commit LSN of the newest exactly-once position
-	// Kafka committed (read back at start, then written with each Kafka
-	// transaction).
-	KafkaPosition prometheus.Gauge
 	// outbox_connector_leader is a gauge function the relay registers
 	// (computed at scrape time from the lease, see relay.New).
 }
@@ -135,10 +131,6 @@ func New() *Metrics {
 			Name: "outbox_connector_exactly_once_skipped_events_last_session",
 			Help: "Events skipped as already in Kafka by the current (or last) session, since it started.",
 		}),
-		KafkaPosition: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outbox_connector_kafka_position_lsn",
-			Help: "Commit LSN of the newest exactly-once position committed in Kafka (0 without one).",
-		}),
 		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_snapshot_events_total",
 			Help: "Rows published by initial snapshots.",
@@ -147,7 +139,7 @@ func New() *Metrics {
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
 		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit,
 		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss,
-		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast, m.KafkaPosition)
+		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast)
 	return m
 }
 

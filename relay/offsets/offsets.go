@@ -28,9 +28,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
-// DefaultTopic is OUTBOX_KAFKA_OFFSETS_TOPIC's default.
-const DefaultTopic = "outbox.connector.offsets"
-
 // Key names a slot among every connector sharing the offsets topic: the
 // PostgreSQL cluster (system identifier), the database and the slot.
 type Key struct {

@@ -2,6 +2,7 @@ package offsets
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -175,7 +176,7 @@ func TestEnsureRefuses(t *testing.T) {
 	_, adm := fake(t)
 	ctx := context.Background()
 	var me *MissingError
-	if err := Ensure(ctx, adm, "absent", false, -1); err == nil || !asMissing(err, &me) {
+	if err := Ensure(ctx, adm, "absent", false, -1); !errors.As(err, &me) {
 		t.Errorf("missing topic: %v", err)
 	}
 	if _, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": kadm.StringPtr("delete")}, "deleting"); err != nil {
@@ -185,10 +186,4 @@ func TestEnsureRefuses(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cleanup.policy=delete") {
 		t.Errorf("topic with cleanup.policy=delete: %v", err)
 	}
-}
-
-func asMissing(err error, me **MissingError) bool {
-	m, ok := err.(*MissingError)
-	*me = m
-	return ok
 }

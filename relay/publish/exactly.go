@@ -49,12 +49,13 @@ type Offsets struct {
 
 // exactly is the producer's exactly-once state.
 type exactly struct {
-	cfg       *Offsets
-	pos       offsets.Position // covers every event handled
-	written   offsets.Position // the position last produced into a transaction
-	committed offsets.Position // the position Kafka last committed
-	sent      bool             // a position record is in the open transaction
-	failed    atomic.Pointer[error]
+	cfg *Offsets
+	pos offsets.Position // covers every event handled
+	// written is the position last produced into a transaction; it
+	// differs from committed, the one Kafka last committed, while a
+	// position record is in the transaction being committed.
+	written, committed offsets.Position
+	failed             atomic.Pointer[error]
 	// skipped counts the events of this session the resume position
 	// covered.
 	skipped atomic.Int64
@@ -82,7 +83,6 @@ func (e *exactly) aborted() {
 		return
 	}
 	e.pos, e.written = e.committed, e.committed
-	e.sent = false
 	e.failed.Store(nil)
 }
 
@@ -139,7 +139,6 @@ func (p *Producer) writePosition(ctx context.Context) {
 		return
 	}
 	rec := offsets.Record(e.cfg.Topic, e.cfg.Key, e.pos)
-	e.sent = true
 	e.written = e.pos
 	p.txnClient().Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if err != nil {
@@ -170,12 +169,10 @@ func (p *Producer) positionError() error {
 // positionCommitted: the open transaction committed, with its position.
 func (p *Producer) positionCommitted() {
 	e := &p.eo
-	if e.cfg == nil || !e.sent {
+	if e.cfg == nil || e.written == e.committed {
 		return
 	}
-	e.sent = false
 	e.committed = e.written
-	p.metrics.KafkaPosition.Set(float64(e.written.Commit))
 	if e.cfg.Committed != nil {
 		e.cfg.Committed(e.written)
 	}
