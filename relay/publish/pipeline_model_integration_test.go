@@ -506,8 +506,11 @@ func (h *pipeline) startSession() {
 	}
 	s.cl = cl
 	// Every other transactional session commits pipelined, as the relay
-	// does by default (Config.Pipeline).
-	if h.txnl && s.n%2 == 0 {
+	// does by default (Config.Pipeline); every one fences the pipeline's
+	// transactional id, as the relay does, or a transaction an earlier
+	// pipelined session left open there would hold read_committed readers
+	// back until its timeout.
+	if h.txnl {
 		cl2, err := kgo.NewClient(append(opts, kgo.TransactionalID("outbox-connector-"+h.prefix+"-b"))...)
 		if err != nil {
 			h.fail("new Kafka client: %v", err)
@@ -536,6 +539,10 @@ func (h *pipeline) startSession() {
 			if err != nil {
 				h.fail("session %d: initialise the transactional producer: %v", s.n, err)
 			}
+		}
+		if s.n%2 != 0 {
+			s.cl2.Close()
+			s.cl2 = nil
 		}
 	}
 	token := strconv.Itoa(s.n)
