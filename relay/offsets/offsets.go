@@ -25,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
@@ -117,6 +118,9 @@ func Record(topic string, key Key, p Position) *kgo.Record {
 	return &kgo.Record{Topic: topic, Key: key.Bytes(), Value: p.Value(), Partition: 0}
 }
 
+// createdVisible bounds the wait for a topic Ensure created to be known.
+const createdVisible = 30 * time.Second
+
 // Ensure makes sure the offsets topic exists: created with one partition
 // (a slot's positions are read from start to end at every session start,
 // and one partition keeps that one read), cleanup.policy=compact, and the
@@ -133,19 +137,37 @@ func Ensure(ctx context.Context, adm *kadm.Client, topic string, create bool, re
 			return fmt.Errorf("create the exactly-once offsets topic %q (OUTBOX_KAFKA_OFFSETS_TOPIC): %w", topic, err)
 		}
 	}
-	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
-	if err != nil {
-		return fmt.Errorf("describe the exactly-once offsets topic %q: %w", topic, err)
-	}
-	rc, err := rcs.On(topic, nil)
-	if err == nil {
-		err = rc.Err
-	}
-	if errors.Is(err, kerr.UnknownTopicOrPartition) {
-		return &MissingError{Topic: topic}
-	}
-	if err != nil {
-		return fmt.Errorf("describe the exactly-once offsets topic %q: %w", topic, err)
+	// A topic just created may be unknown for a moment to the broker that
+	// answers the describe (its metadata follows the controller's):
+	// created by us, it exists, so an unknown topic is waited for.
+	wait := retry.New(100*time.Millisecond, time.Second)
+	var rc kadm.ResourceConfig
+	for deadline := time.Now().Add(createdVisible); ; {
+		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err != nil {
+			return fmt.Errorf("describe the exactly-once offsets topic %q: %w", topic, err)
+		}
+		rc, err = rcs.On(topic, nil)
+		if err == nil {
+			err = rc.Err
+		}
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, kerr.UnknownTopicOrPartition) {
+			return fmt.Errorf("describe the exactly-once offsets topic %q: %w", topic, err)
+		}
+		if !create {
+			return &MissingError{Topic: topic}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the exactly-once offsets topic %q was created but is still unknown to the broker after %s: %w", topic, createdVisible, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("describe the exactly-once offsets topic %q: %w", topic, ctx.Err())
+		case <-time.After(wait.NextBackOff()):
+		}
 	}
 	for _, c := range rc.Configs {
 		if c.Key == "cleanup.policy" && c.Value != nil && *c.Value != "compact" {

@@ -7,12 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -185,5 +188,51 @@ func TestEnsureRefuses(t *testing.T) {
 	err := Ensure(ctx, adm, "deleting", true, -1)
 	if err == nil || !strings.Contains(err.Error(), "cleanup.policy=delete") {
 		t.Errorf("topic with cleanup.policy=delete: %v", err)
+	}
+}
+
+// TestEnsureWaitsForCreated: a real broker may answer a describe of a topic
+// created a moment ago with UNKNOWN_TOPIC_OR_PARTITION (its metadata
+// follows the controller's); Ensure, having created it, waits for it
+// instead of stopping the connector with "does not exist and
+// OUTBOX_TOPIC_CREATE=false" (what CI saw once against Kafka 4.1).
+func TestEnsureWaitsForCreated(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var unknown atomic.Int32
+	c.ControlKey(kmsg.DescribeConfigs.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if unknown.Add(1) > 3 {
+			return nil, nil, false
+		}
+		r := req.(*kmsg.DescribeConfigsRequest)
+		resp := r.ResponseKind().(*kmsg.DescribeConfigsResponse)
+		for _, rr := range r.Resources {
+			res := kmsg.NewDescribeConfigsResponseResource()
+			res.ResourceType, res.ResourceName = rr.ResourceType, rr.ResourceName
+			res.ErrorCode = kerr.UnknownTopicOrPartition.Code
+			resp.Resources = append(resp.Resources, res)
+		}
+		return resp, nil, true
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := Ensure(context.Background(), kadm.NewClient(cl), "fresh", true, -1); err != nil {
+		t.Fatalf("Ensure of a topic it created: %v", err)
+	}
+	if n := unknown.Load(); n < 4 {
+		t.Errorf("%d describes, want the 3 unknown answers and one more", n)
+	}
+	// Not created by us: unknown is missing at once.
+	unknown.Store(0)
+	var me *MissingError
+	if err := Ensure(context.Background(), kadm.NewClient(cl), "fresh", false, -1); !errors.As(err, &me) {
+		t.Errorf("unknown topic without OUTBOX_TOPIC_CREATE: %v, want a *MissingError", err)
 	}
 }
