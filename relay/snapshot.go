@@ -150,14 +150,23 @@ WHERE n.nspname = $1 AND c.relname = $2`
 //     one (sequence values are not in commit order across concurrent
 //     transactions, but those are not serialised, and no order is owed);
 //   - with track_commit_timestamp, the commit time of the row's
-//     transaction, then the transaction (rows of two transactions that
-//     committed in the same microsecond are not interleaved), then the
-//     command within it (cmin: each statement has its own), then the
-//     physical position, which orders the rows of one multi-row INSERT only
-//     as far as they were appended (a table whose free space is reused may
-//     place a later row of one statement on an earlier page);
-//   - created_at, then physical position, which is not exact (the caller
-//     warns).
+//     transaction, then the command within it (cmin: the transaction's
+//     command counter, one per statement, counted across its savepoints),
+//     then the physical position, which orders the rows of one multi-row
+//     INSERT only as far as they were appended (a table whose free space is
+//     reused places a later row on an earlier page once the page being
+//     filled is full);
+//   - created_at, then cmin, then the physical position: not exact across
+//     transactions (the caller warns), within one as exact as the above.
+//
+// Not xmin between the time and cmin, although it would keep two
+// transactions of one microsecond apart: a row written in a savepoint has
+// the subtransaction's xid, larger than that of the rows written before and
+// after the savepoint, and an ORM's nested transaction block is a
+// savepoint. Two transactions that began (or committed) in one microsecond
+// ran concurrently, and no order is owed between them. cmin is the raw
+// command id: a transaction deleting the row at this moment overwrites it
+// with its own, which can misplace only rows on their way out.
 func (r *Relay) snapshotOrder(ctx context.Context, tx pgx.Tx) (order string, exact bool, err error) {
 	var seq string
 	var commitTS, hasCreated bool
@@ -170,9 +179,9 @@ func (r *Relay) snapshotOrder(ctx context.Context, tx pgx.Tx) (order string, exa
 	case commitTS:
 		// A row whose commit time was not kept (committed before the
 		// setting was turned on) sorts first: it is older.
-		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, xmin::text::bigint, cmin::text::bigint, ctid", true, nil
+		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, cmin::text::bigint, ctid", true, nil
 	case hasCreated:
-		return "created_at, ctid", false, nil
+		return "created_at, cmin::text::bigint, ctid", false, nil
 	}
 	return "ctid", false, nil
 }
