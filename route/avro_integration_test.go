@@ -240,6 +240,42 @@ func TestAvroRealRegistry(t *testing.T) {
 		}
 	})
 
+	// Subjects as Confluent's AvroConverter registers them for Debezium's
+	// outbox (every event of the first was a dead letter before), and a
+	// union of numbers, at the real registry and back through its API.
+	t.Run("Debezium's io.debezium.data.Json subject and number unions", func(t *testing.T) {
+		const jsonString = `{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}`
+		for _, tc := range []struct {
+			name, schema, payload string
+			want                  any
+		}{
+			{"Json" + suffix, jsonString, orderPayload, orderPayload},
+			{"OptionalJson" + suffix, `["null",` + jsonString + `]`, `{"ü": "𝄞"}`, map[string]any{"string": `{"ü": "𝄞"}`}},
+			{"Number" + suffix, `{"type":"record","name":"N","fields":[{"name":"n","type":["null","long","double"]}]}`,
+				`{"n": 9007199254740993}`, map[string]any{"n": map[string]any{"long": int64(9007199254740993)}}},
+		} {
+			ss, err := cl.CreateSchema(ctx, "outbox.event."+tc.name+"-value", sr.Schema{Type: sr.TypeAvro, Schema: tc.schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rw := row("1", tc.payload)
+			rw.Columns[1].Value = []byte(tc.name)
+			rec, err := r.Route(ctx, rw)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			id, v, err := des.decode(ctx, rec.Value)
+			if err != nil || id != ss.ID || !reflect.DeepEqual(v, tc.want) {
+				t.Errorf("%s: id %d (registered %d), %#v, %v; want %#v", tc.name, id, ss.ID, v, err, tc.want)
+			}
+		}
+		rw := row("1", `{"n": 123456789012345678901234567890}`)
+		rw.Columns[1].Value = []byte("Number" + suffix)
+		if _, err := r.Route(ctx, rw); ClassOf(err) != ClassSchema || !strings.Contains(err.Error(), "exactly") {
+			t.Errorf("a number no branch holds exactly: %v; want a dead letter saying so", err)
+		}
+	})
+
 	t.Run("poison is ClassSchema", func(t *testing.T) {
 		_, err := r.Route(ctx, row("1", `{"id": "one"}`))
 		var re *Error

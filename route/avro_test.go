@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/big"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -234,5 +235,56 @@ func TestAvroEnvelopeNumeric(t *testing.T) {
 	}
 	if ratio := m["ratio"].(map[string]any)["double"]; ratio != 0.25 {
 		t.Errorf("ratio %#v", ratio)
+	}
+}
+
+// TestAvroDebeziumSchemas: subjects as Confluent's AvroConverter registers
+// them for Debezium's outbox: the JSON payload as io.debezium.data.Json (a
+// string with attributes, which goavro's canonical form writes as
+// {"type":"string"}; every event was a dead letter before), optional or
+// not; and a union of a long and a double, which read 7 as 7.0 and
+// 9007199254740993 as 9007199254740992.0 before, and now takes the long or
+// refuses a value no branch holds exactly.
+func TestAvroDebeziumSchemas(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	const jsonString = `{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}`
+	r := avroRouter(t, reg, func(c *Config) {
+		c.AvroSchemas = map[string]string{
+			"outbox.event.Order-value":    jsonString,
+			"outbox.event.Optional-value": `["null",` + jsonString + `]`,
+			"outbox.event.Number-value":   `{"type":"record","name":"N","fields":[{"name":"n","type":["null","long","double"]}]}`,
+		}
+	})
+	ctx := context.Background()
+	cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+	route := func(aggType, payload string) (any, error) {
+		row := orderRow(payload)
+		row.Columns[1].Value = []byte(aggType)
+		rec, err := r.Route(ctx, row)
+		if err != nil {
+			return nil, err
+		}
+		_, v := confluentDecode(t, cl, rec.Value)
+		return v, nil
+	}
+	for _, tc := range []struct {
+		aggType, payload string
+		want             any
+	}{
+		{"Order", orderPayload, orderPayload},
+		{"Optional", `{"a": [1, "ü"]}`, map[string]any{"string": `{"a": [1, "ü"]}`}},
+		{"Number", `{"n": 7}`, map[string]any{"n": map[string]any{"long": int64(7)}}},
+		{"Number", `{"n": 9007199254740993}`, map[string]any{"n": map[string]any{"long": int64(9007199254740993)}}},
+		{"Number", `{"n": 0.25}`, map[string]any{"n": map[string]any{"double": 0.25}}},
+	} {
+		v, err := route(tc.aggType, tc.payload)
+		if err != nil || !reflect.DeepEqual(v, tc.want) {
+			t.Errorf("%s %s: %#v, %v; want %#v", tc.aggType, tc.payload, v, err, tc.want)
+		}
+	}
+	_, err := route("Number", `{"n": 123456789012345678901234567890}`)
+	if ClassOf(err) != ClassSchema || err == nil || !strings.Contains(err.Error(), "exactly") {
+		t.Errorf("a number no branch holds exactly: %v (class %q); want a dead letter saying so", err, ClassOf(err))
 	}
 }

@@ -2,7 +2,10 @@
 // registry, as Confluent's AvroConverter does for Debezium: magic byte 0,
 // the schema id (4 bytes, big-endian), then the Avro binary datum. The datum
 // is the value's JSON (the payload, or the envelope) read by the subject's
-// schema; a string schema takes the payload text as it is. The subject's
+// schema (textual.go: a union takes the branch that holds the value
+// exactly); a string schema of any attributes (Debezium's
+// io.debezium.data.Json), or an optional one, takes the payload text as it
+// is. The subject's
 // schema is registered at start (from files) or looked up once, the
 // latest version.
 package avro
@@ -32,9 +35,39 @@ type Encoder struct {
 }
 
 type avroSchema struct {
-	id       int
-	codec    *goavro.Codec
-	isString bool // the top-level type is "string"
+	id    int
+	codec *goavro.Codec
+	root  *node
+	// text is the member a text payload goes into as it is: the schema
+	// itself when it is a string (Debezium's io.debezium.data.Json, or any
+	// string with attributes), a union's string branch (an optional one),
+	// or nil.
+	text *node
+}
+
+// compile parses a subject's schema.
+func compile(text string) (*avroSchema, error) {
+	codec, err := goavro.NewCodec(text)
+	if err != nil {
+		return nil, err
+	}
+	root, err := parseSchema(text)
+	if err != nil {
+		return nil, err
+	}
+	s := &avroSchema{codec: codec, root: root}
+	switch root.kind {
+	case "string":
+		s.text = root
+	case "union":
+		for _, m := range root.members {
+			if m.kind == "string" {
+				s.text = m
+				break
+			}
+		}
+	}
+	return s, nil
 }
 
 // registryTimeout bounds one registry request.
@@ -87,7 +120,7 @@ func New(ctx context.Context, opts Options) (*Encoder, error) {
 	}
 	e := &Encoder{cl: cl, subject: opts.Subject, schemas: map[string]*avroSchema{}}
 	for subject, text := range opts.Schemas {
-		codec, err := avroCodec(text)
+		s, err := compile(text)
 		if err != nil {
 			return nil, fmt.Errorf("Avro schema for subject %q: %w", subject, err)
 		}
@@ -95,20 +128,10 @@ func New(ctx context.Context, opts Options) (*Encoder, error) {
 		if err != nil {
 			return nil, fmt.Errorf("register Avro schema for subject %q at %s: %w", subject, strings.Join(opts.URLs, ","), err)
 		}
-		e.schemas[subject] = &avroSchema{id: ss.ID, codec: codec, isString: isStringSchema(codec)}
+		s.id = ss.ID
+		e.schemas[subject] = s
 	}
 	return e, nil
-}
-
-func avroCodec(text string) (*goavro.Codec, error) {
-	// The "standard JSON" codec reads plain JSON (unions not wrapped in
-	// {"type": value}), which is what outbox payloads are.
-	return goavro.NewCodecForStandardJSONFull(text)
-}
-
-func isStringSchema(c *goavro.Codec) bool {
-	s := strings.TrimSpace(c.CanonicalSchema())
-	return s == `"string"`
 }
 
 // lookup returns the subject's schema, from the registry's latest version
@@ -138,11 +161,11 @@ func (e *Encoder) lookup(ctx context.Context, subject string) (*avroSchema, erro
 	if len(ss.References) > 0 {
 		return nil, errorf(false, nil, "subject %q: schemas with references are not supported", subject)
 	}
-	codec, err := avroCodec(ss.Schema.Schema)
+	s, err = compile(ss.Schema.Schema)
 	if err != nil {
 		return nil, errorf(false, err, "subject %q: the registry's schema does not compile", subject)
 	}
-	s = &avroSchema{id: ss.ID, codec: codec, isString: isStringSchema(codec)}
+	s.id = ss.ID
 	e.mu.Lock()
 	if old := e.schemas[subject]; old != nil {
 		s = old
@@ -175,9 +198,12 @@ func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJ
 		return buf, false, err
 	}
 	var native any
-	if envSchema == nil && pv.Kind == connect.KindStr && s.isString {
+	switch {
+	case envSchema == nil && pv.Kind == connect.KindStr && s.text == s.root:
 		native = string(pv.Bytes)
-	} else {
+	case envSchema == nil && pv.Kind == connect.KindStr && s.text != nil:
+		native = goavro.Union(s.text.branch, string(pv.Bytes))
+	default:
 		var text []byte
 		if envSchema == nil {
 			text = appendAvroJSON(nil, payloadJSON, nil, pv)
@@ -198,7 +224,9 @@ func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJ
 			text = append(text, '}')
 		}
 		var rest []byte
-		native, rest, err = s.codec.NativeFromTextual(text)
+		if text, err = appendAvroText(nil, s.root, text); err == nil {
+			native, rest, err = s.codec.NativeFromTextual(text)
+		}
 		if err == nil && len(strings.TrimSpace(string(rest))) > 0 {
 			err = fmt.Errorf("trailing data after the JSON value")
 		}

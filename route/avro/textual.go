@@ -1,0 +1,450 @@
+package avro
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+)
+
+// This file turns plain JSON (an outbox payload) into Avro's JSON encoding,
+// where a value of a union names its branch ({"long": 7}), by walking the
+// JSON with the schema; goavro's codec then reads the Avro JSON. goavro's
+// own reading of plain JSON ("standard JSON") is wrong for us: for a number
+// in a union it tries the branches in alphabetical order, so
+// ["null","long","double"] reads 7 as the double 7.0 and 9007199254740993 as
+// 9007199254740992.0, silently. Here a union takes the first branch, in the
+// schema's order, that holds the value exactly: an integer literal an int
+// or a long it fits, else a float or double that represents it exactly; a
+// literal with a fraction or an exponent a double (the value every JSON
+// reader takes it for) or a float that represents that double exactly. A
+// value no branch holds exactly is an error, never a rounded value.
+//
+// Leaves keep their JSON text as it was (an Avro bytes string is one code
+// point per byte, which re-encoding would change), and a double that an
+// integer literal cannot be exactly is refused outside unions too.
+
+// node is a parsed Avro schema.
+type node struct {
+	kind    string // a primitive, "record", "enum", "array", "map", "fixed", "union"
+	logical string
+	name    string  // the full name of a named type
+	fields  []field // record
+	symbols []string
+	items   *node // array items, map values
+	members []*node
+	branch  string // goavro's name of the node as a union member
+}
+
+type field struct {
+	name string
+	n    *node
+	def  bool // has a default
+}
+
+var primitives = map[string]bool{"null": true, "boolean": true, "int": true, "long": true, "float": true, "double": true, "bytes": true, "string": true}
+
+// goavroLogical are the primitive logical types goavro compiles, named
+// "<type>.<logicalType>" as union members; it drops any other.
+var goavroLogical = map[string]bool{"long.timestamp-millis": true, "long.timestamp-micros": true, "int.time-millis": true, "long.time-micros": true, "int.date": true, "bytes.decimal": true, "string.validated-string": true}
+
+type schemaParser struct{ named map[string]*node }
+
+// parseSchema parses an Avro schema's JSON text.
+func parseSchema(text string) (*node, error) {
+	d := json.NewDecoder(strings.NewReader(text))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	p := &schemaParser{named: map[string]*node{}}
+	return p.parse(v, "")
+}
+
+func fullName(name, namespace string) string {
+	if strings.Contains(name, ".") || namespace == "" {
+		return name
+	}
+	return namespace + "." + name
+}
+
+func (p *schemaParser) parse(v any, ns string) (*node, error) {
+	switch s := v.(type) {
+	case string:
+		if primitives[s] {
+			return &node{kind: s, branch: s}, nil
+		}
+		if n := p.named[fullName(s, ns)]; n != nil {
+			return n, nil
+		}
+		if n := p.named[s]; n != nil {
+			return n, nil
+		}
+		return nil, fmt.Errorf("unknown type %q", s)
+	case []any:
+		n := &node{kind: "union", branch: "union"}
+		for _, m := range s {
+			mn, err := p.parse(m, ns)
+			if err != nil {
+				return nil, err
+			}
+			n.members = append(n.members, mn)
+		}
+		return n, nil
+	case map[string]any:
+		return p.parseMap(s, ns)
+	}
+	return nil, fmt.Errorf("a schema is a string, an array or an object, not %T", v)
+}
+
+func (p *schemaParser) parseMap(m map[string]any, ns string) (*node, error) {
+	t, ok := m["type"].(string)
+	if !ok {
+		// {"type": {...}} or {"type": [...]}: the inner schema.
+		return p.parse(m["type"], ns)
+	}
+	lt, _ := m["logicalType"].(string)
+	name, _ := m["name"].(string)
+	if space, ok := m["namespace"].(string); ok && !strings.Contains(name, ".") {
+		ns = space
+	}
+	switch t {
+	case "record", "error", "enum", "fixed":
+		full := fullName(name, ns)
+		if i := strings.LastIndexByte(full, '.'); i >= 0 {
+			ns = full[:i]
+		} else {
+			ns = ""
+		}
+		n := &node{kind: t, logical: lt, name: full, branch: full}
+		if t == "error" {
+			n.kind = "record"
+		}
+		p.named[full] = n
+		switch t {
+		case "enum":
+			syms, _ := m["symbols"].([]any)
+			for _, s := range syms {
+				if str, ok := s.(string); ok {
+					n.symbols = append(n.symbols, str)
+				}
+			}
+		case "record", "error":
+			fs, _ := m["fields"].([]any)
+			for _, f := range fs {
+				fm, ok := f.(map[string]any)
+				if !ok {
+					return nil, fmt.Errorf("record %q: a field is not an object", full)
+				}
+				fname, _ := fm["name"].(string)
+				fn, err := p.parse(fm["type"], ns)
+				if err != nil {
+					return nil, fmt.Errorf("record %q field %q: %w", full, fname, err)
+				}
+				_, def := fm["default"]
+				n.fields = append(n.fields, field{name: fname, n: fn, def: def})
+			}
+		}
+		return n, nil
+	case "array", "map":
+		key := "items"
+		if t == "map" {
+			key = "values"
+		}
+		in, err := p.parse(m[key], ns)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t, err)
+		}
+		return &node{kind: t, items: in, branch: t}, nil
+	}
+	if !primitives[t] {
+		// A named type referred to as {"type": "Name"}.
+		return p.parse(t, ns)
+	}
+	n := &node{kind: t, logical: lt, branch: t}
+	if lt != "" && goavroLogical[t+"."+lt] {
+		n.branch = t + "." + lt
+		if t == "bytes" && lt == "decimal" && name != "" {
+			n.branch = fullName(name, ns)
+		}
+	}
+	return n, nil
+}
+
+// kindOf is the JSON kind of a value's text: '{', '[', '"', 't' (true or
+// false), 'n' or '0' (a number).
+func kindOf(raw []byte) byte {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 {
+		return 0
+	}
+	switch c := raw[0]; c {
+	case '{', '[', '"', 'n':
+		return c
+	case 't', 'f':
+		return 't'
+	}
+	return '0'
+}
+
+// appendAvroText writes raw, plain JSON, as Avro's JSON encoding of n.
+func appendAvroText(dst []byte, n *node, raw []byte) ([]byte, error) {
+	switch n.kind {
+	case "union":
+		m, err := pick(n, raw)
+		if err != nil {
+			return dst, err
+		}
+		if m.kind == "null" {
+			return append(dst, "null"...), nil
+		}
+		dst = append(dst, '{')
+		dst = appendJSONString(dst, m.branch)
+		dst = append(dst, ':')
+		dst, err = appendAvroText(dst, m, raw)
+		return append(dst, '}'), err
+	case "record":
+		if kindOf(raw) != '{' {
+			return append(dst, raw...), nil // goavro says what is wrong
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return dst, err
+		}
+		dst = append(dst, '{')
+		first := true
+		known := make(map[string]bool, len(n.fields))
+		for _, f := range n.fields {
+			known[f.name] = true
+			v, ok := obj[f.name]
+			if !ok {
+				continue // goavro takes the default or says it is missing
+			}
+			if !first {
+				dst = append(dst, ',')
+			}
+			first = false
+			dst = appendJSONString(dst, f.name)
+			dst = append(dst, ':')
+			var err error
+			if dst, err = appendAvroText(dst, f.n, v); err != nil {
+				return dst, fmt.Errorf("field %q: %w", f.name, err)
+			}
+		}
+		for k, v := range obj {
+			if known[k] {
+				continue
+			}
+			if !first {
+				dst = append(dst, ',')
+			}
+			first = false
+			dst = appendJSONString(dst, k)
+			dst = append(dst, ':')
+			dst = append(dst, v...)
+		}
+		return append(dst, '}'), nil
+	case "array":
+		if kindOf(raw) != '[' {
+			return append(dst, raw...), nil
+		}
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return dst, err
+		}
+		dst = append(dst, '[')
+		for i, it := range items {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			var err error
+			if dst, err = appendAvroText(dst, n.items, it); err != nil {
+				return dst, fmt.Errorf("item %d: %w", i, err)
+			}
+		}
+		return append(dst, ']'), nil
+	case "map":
+		if kindOf(raw) != '{' {
+			return append(dst, raw...), nil
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return dst, err
+		}
+		dst = append(dst, '{')
+		first := true
+		for k, v := range obj {
+			if !first {
+				dst = append(dst, ',')
+			}
+			first = false
+			dst = appendJSONString(dst, k)
+			dst = append(dst, ':')
+			var err error
+			if dst, err = appendAvroText(dst, n.items, v); err != nil {
+				return dst, fmt.Errorf("key %q: %w", k, err)
+			}
+		}
+		return append(dst, '}'), nil
+	case "float", "double":
+		if kindOf(raw) == '0' && !holds(n.kind, raw) {
+			return dst, fmt.Errorf("the number %s cannot be a %s exactly", bytes.TrimSpace(raw), n.kind)
+		}
+	}
+	return append(dst, bytes.TrimSpace(raw)...), nil
+}
+
+// pick is the union member raw goes into.
+func pick(n *node, raw []byte) (*node, error) {
+	k := kindOf(raw)
+	var want []string
+	switch k {
+	case 'n':
+		want = []string{"null"}
+	case 't':
+		want = []string{"boolean"}
+	case '[':
+		want = []string{"array"}
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, err
+		}
+		for _, m := range n.members {
+			if m.kind == "string" {
+				return m, nil
+			}
+		}
+		for _, m := range n.members {
+			if m.kind == "enum" && contains(m.symbols, s) {
+				return m, nil
+			}
+		}
+		want = []string{"bytes", "fixed"}
+	case '{':
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return nil, err
+		}
+		for _, m := range n.members {
+			if m.kind == "record" && fits(m, obj) {
+				return m, nil
+			}
+		}
+		want = []string{"map", "record"} // the first record says what is missing
+	case '0':
+		text := bytes.TrimSpace(raw)
+		integer := !bytes.ContainsAny(text, ".eE")
+		if integer {
+			for _, m := range n.members {
+				if (m.kind == "int" || m.kind == "long") && holds(m.kind, text) {
+					return m, nil
+				}
+			}
+		}
+		for _, m := range n.members {
+			if (m.kind == "double" || m.kind == "float") && holds(m.kind, text) {
+				return m, nil
+			}
+		}
+		return nil, fmt.Errorf("no branch of the union %s holds the number %s exactly", members(n), text)
+	}
+	for _, m := range n.members {
+		if contains(want, m.kind) {
+			return m, nil
+		}
+	}
+	return nil, fmt.Errorf("no branch of the union %s takes %s", members(n), abbreviate(raw))
+}
+
+// fits: obj has every field of record m that has no default, and no key
+// m lacks.
+func fits(m *node, obj map[string]json.RawMessage) bool {
+	seen := 0
+	for _, f := range m.fields {
+		if _, ok := obj[f.name]; ok {
+			seen++
+		} else if !f.def {
+			return false
+		}
+	}
+	return seen == len(obj)
+}
+
+// holds reports whether the Avro numeric type kind represents the JSON
+// number text exactly (a fraction or exponent literal: as the double it
+// denotes).
+func holds(kind string, text []byte) bool {
+	s := string(bytes.TrimSpace(text))
+	integer := !strings.ContainsAny(s, ".eE")
+	switch kind {
+	case "int", "long":
+		if !integer {
+			return false
+		}
+		i, ok := new(big.Int).SetString(s, 10)
+		if !ok {
+			return false
+		}
+		if kind == "int" {
+			return i.IsInt64() && i.Int64() >= math.MinInt32 && i.Int64() <= math.MaxInt32
+		}
+		return i.IsInt64()
+	}
+	var f float64
+	if integer {
+		i, ok := new(big.Int).SetString(s, 10)
+		if !ok {
+			return false
+		}
+		bf := new(big.Float).SetInt(i)
+		var acc big.Accuracy
+		f, acc = bf.Float64()
+		if acc != big.Exact || math.IsInf(f, 0) {
+			return false
+		}
+	} else {
+		var err error
+		if f, err = strconv.ParseFloat(s, 64); err != nil {
+			return false // not a number, or out of a double's range
+		}
+	}
+	if kind == "float" {
+		return !math.IsInf(float64(float32(f)), 0) && float64(float32(f)) == f
+	}
+	return true
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func members(n *node) string {
+	names := make([]string, len(n.members))
+	for i, m := range n.members {
+		names[i] = m.branch
+	}
+	return "[" + strings.Join(names, ",") + "]"
+}
+
+func abbreviate(raw []byte) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) > 40 {
+		return string(raw[:40]) + "…"
+	}
+	return string(raw)
+}
+
+func appendJSONString(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s)
+	return append(dst, b...)
+}
