@@ -266,16 +266,23 @@ func (c *Config) applyProperties(r io.Reader) error {
 		return fmt.Errorf("read properties: %w", err)
 	}
 	p := properties.Parse(text)
-	all := map[string]string{}
-	for i, k := range p.Keys {
-		all[k] = p.Values[i]
-	}
 	server := false
-	for k := range all {
+	for _, k := range p.Keys {
 		if strings.HasPrefix(k, "debezium.") {
 			server = true
 			break
 		}
+	}
+	all := map[string]string{}
+	for i, k := range p.Keys {
+		if server {
+			// Debezium Server reads its file through Quarkus, which
+			// expands ${name} as a configuration expression; $${ is the
+			// escape a file written for it uses for a literal ${, as in
+			// route.topic.replacement=outbox.$${routedByValue}.
+			p.Values[i] = strings.ReplaceAll(p.Values[i], "$${", "${")
+		}
+		all[k] = p.Values[i]
 	}
 	// Find the EventRouter's prefix.
 	prefix := ""

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"context"
 	"flag"
 	"os"
 	"path/filepath"
@@ -168,5 +169,36 @@ func TestValidateDefaults(t *testing.T) {
 	err := c.Validate()
 	if err == nil || !strings.Contains(err.Error(), "OUTBOX_ROUTE_TOPIC_REGEX") || !strings.Contains(err.Error(), "OUTBOX_ROUTE_REGISTRY_URL") {
 		t.Fatalf("%v", err)
+	}
+}
+
+// TestParsePropertiesServerEscape: a properties file written for Debezium
+// Server escapes the replacement's ${routedByValue} as $${routedByValue}
+// (Quarkus would expand it as a configuration expression); it is read as
+// Debezium Server reads it. A Kafka Connect file keeps $$ as it is, which
+// Java's regex replacement refuses, as Debezium does.
+func TestParsePropertiesServerEscape(t *testing.T) {
+	const server = "debezium.sink.type=kafka\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" +
+		"debezium.transforms.outbox.route.topic.replacement=outbox.$${routedByValue}.events\n"
+	c, err := ParseProperties(strings.NewReader(server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(c)
+	if err != nil {
+		t.Fatalf("router from a Debezium Server file with $${routedByValue}: %v", err)
+	}
+	rec, err := r.Route(context.Background(), orderRow(orderPayload))
+	if err != nil || rec.Topic != "outbox.Order.events" {
+		t.Fatalf("topic %v (%v), want outbox.Order.events", rec, err)
+	}
+	const connect = "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" +
+		"transforms.outbox.route.topic.replacement=outbox.$${routedByValue}.events\n"
+	c, err = ParseProperties(strings.NewReader(connect))
+	if err == nil {
+		_, err = New(c)
+	}
+	if err == nil || !strings.Contains(err.Error(), "illegal group reference") {
+		t.Fatalf("Kafka Connect file with $${: %v; want Java's illegal group reference", err)
 	}
 }

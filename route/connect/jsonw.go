@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/big"
 	"strconv"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -16,8 +17,9 @@ const hexUpper = "0123456789ABCDEF"
 
 // AppendJSONString writes s as a JSON string the way Jackson does: only '"',
 // '\\' and control characters are escaped, short forms for \b \t \n \f \r and
-// \u00XX (upper-case hex) for the rest; everything else is raw UTF-8.
-// Invalid UTF-8 becomes U+FFFD, as decoding into a Java String does.
+// \u00XX (upper-case hex) for the rest; a character beyond the Basic
+// Multilingual Plane as its escaped surrogate pair (\uD83D\uDE00);
+// everything else is raw UTF-8. Invalid UTF-8 becomes U+FFFD, as decoding into a Java String does.
 func AppendJSONString(dst []byte, s []byte) []byte {
 	dst = append(dst, '"')
 	start := 0
@@ -57,10 +59,27 @@ func AppendJSONString(dst []byte, s []byte) []byte {
 			start = i
 			continue
 		}
+		if r > 0xFFFF {
+			// Jackson's UTF8JsonGenerator (Kafka Connect's JsonConverter)
+			// writes a character beyond the Basic Multilingual Plane as
+			// its UTF-16 surrogate pair escaped, not as its four UTF-8
+			// bytes: in a key the bytes decide the partition.
+			dst = append(dst, s[start:i]...)
+			hi, lo := utf16.EncodeRune(r)
+			dst = appendUEscape(dst, hi)
+			dst = appendUEscape(dst, lo)
+			i += size
+			start = i
+			continue
+		}
 		i += size
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+func appendUEscape(dst []byte, r rune) []byte {
+	return append(dst, '\\', 'u', hexUpper[r>>12&0xF], hexUpper[r>>8&0xF], hexUpper[r>>4&0xF], hexUpper[r&0xF])
 }
 
 func AppendJSONStr(dst []byte, s string) []byte {
