@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net/http"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,7 +119,7 @@ func TestAvroLooksUpLatestSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := avroRouter(t, reg, nil)
+	r := avroRouter(t, reg, func(c *Config) { c.AvroUseLatestVersion, c.AvroAutoRegister = true, false })
 	row := orderRow(`{"name": "Jane"}`)
 	row.Columns[1].Value = []byte("Customer")
 	rec, err := r.Route(context.Background(), row)
@@ -133,7 +135,7 @@ func TestAvroLooksUpLatestSchema(t *testing.T) {
 
 func TestAvroErrors(t *testing.T) {
 	reg := srfake.New()
-	r := avroRouter(t, reg, nil)
+	r := avroRouter(t, reg, func(c *Config) { c.AvroUseLatestVersion, c.AvroAutoRegister = true, false })
 	ctx := context.Background()
 
 	// A payload that does not conform: ClassSchema carrying goavro's error.
@@ -142,10 +144,11 @@ func TestAvroErrors(t *testing.T) {
 	if !errors.As(err, &re) || re.Class != ClassSchema || re.Err == nil {
 		t.Fatalf("non-conforming payload: %v", err)
 	}
-	// No schema under the subject: the row is poison.
+	// No schema under the subject, with use.latest.version: the row
+	// waits for one, retried, never a dead letter.
 	row := orderRow(`{}`)
 	row.Columns[1].Value = []byte("Unknown")
-	if _, err := r.Route(ctx, row); ClassOf(err) != ClassSchema {
+	if _, err := r.Route(ctx, row); ClassOf(err) != ClassSchemaRejected || !IsRetryable(err) {
 		t.Fatalf("unknown subject: %v", err)
 	}
 	// The registry is down: retryable, not poison.
@@ -287,4 +290,173 @@ func TestAvroDebeziumSchemas(t *testing.T) {
 	if ClassOf(err) != ClassSchema || err == nil || !strings.Contains(err.Error(), "exactly") {
 		t.Errorf("a number no branch holds exactly: %v (class %q); want a dead letter saying so", err, ClassOf(err))
 	}
+}
+
+// debeziumJSONOptional is what Confluent's AvroConverter registers for
+// Debezium's outbox payload, a nullable jsonb column: an optional
+// io.debezium.data.Json string.
+const debeziumJSONOptional = `["null",{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}]`
+
+// TestAvroAutoRegister: with the defaults (auto.register.schemas=true,
+// TopicNameStrategy), an empty registry gets the schema Confluent's
+// AvroConverter derives from Debezium's, under <topic>-value, once; the
+// value is written with it, as AvroConverter writes it (the union's string
+// branch holding the payload text).
+func TestAvroAutoRegister(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	var posts atomic.Int32
+	reg.Intercept(func(_ http.ResponseWriter, req *http.Request) bool {
+		if req.Method == http.MethodPost {
+			posts.Add(1)
+		}
+		return false
+	})
+	r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas = nil })
+	ctx := context.Background()
+	cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+	for i := 0; i < 3; i++ {
+		rec, err := r.Route(ctx, orderRow(orderPayload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss, err := cl.SchemaByVersion(ctx, "outbox.event.Order-value", -1)
+		if err != nil {
+			t.Fatalf("nothing registered under outbox.event.Order-value: %v", err)
+		}
+		if ss.Schema.Schema != debeziumJSONOptional || ss.Version != 1 {
+			t.Fatalf("registered version %d: %s\nwant version 1: %s", ss.Version, ss.Schema.Schema, debeziumJSONOptional)
+		}
+		// Byte 0, the id, the union's branch 1 (zigzag 2), the length
+		// (zigzag), the text.
+		want := binary.BigEndian.AppendUint32([]byte{0}, uint32(ss.ID))
+		want = append(want, 2)
+		want = binary.AppendVarint(want, int64(len(orderPayload)))
+		want = append(want, orderPayload...)
+		if string(rec.Value) != string(want) {
+			t.Fatalf("value % x\nwant  % x", rec.Value, want)
+		}
+	}
+	if n := posts.Load(); n != 1 {
+		t.Fatalf("%d POSTs to the registry for three events of one schema; want 1 (registered once, then cached)", n)
+	}
+}
+
+// TestAvroRegistrySettings: the subject name strategies, and what an event
+// waits for (ClassSchemaRejected: retried, never a dead letter) when the
+// registry does not hold what the settings require.
+func TestAvroRegistrySettings(t *testing.T) {
+	ctx := context.Background()
+	expanded := `{"id": 1, "name": "x"}`
+	t.Run("RecordNameStrategy names the subject after the expanded payload's record", func(t *testing.T) {
+		reg := srfake.New()
+		defer reg.Close()
+		r := avroRouter(t, reg, func(c *Config) {
+			c.AvroSchemas, c.ExpandJSONPayload, c.AvroSubject = nil, true, "${record}"
+		})
+		if _, err := r.Route(ctx, orderRow(expanded)); err != nil {
+			t.Fatal(err)
+		}
+		cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+		subjects, err := cl.Subjects(ctx)
+		if err != nil || len(subjects) != 1 || strings.Contains(subjects[0], "outbox.event") {
+			t.Fatalf("subjects %v, %v; want one, the record's full name", subjects, err)
+		}
+	})
+	t.Run("TopicRecordNameStrategy", func(t *testing.T) {
+		reg := srfake.New()
+		defer reg.Close()
+		r := avroRouter(t, reg, func(c *Config) {
+			c.AvroSchemas, c.ExpandJSONPayload, c.AvroSubject = nil, true, "${topic}-${record}"
+		})
+		if _, err := r.Route(ctx, orderRow(expanded)); err != nil {
+			t.Fatal(err)
+		}
+		cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+		subjects, _ := cl.Subjects(ctx)
+		if len(subjects) != 1 || !strings.HasPrefix(subjects[0], "outbox.event.Order-") || strings.HasSuffix(subjects[0], "-value") {
+			t.Fatalf("subjects %v; want outbox.event.Order-<record name>", subjects)
+		}
+	})
+	t.Run("RecordNameStrategy refuses a string payload", func(t *testing.T) {
+		reg := srfake.New()
+		defer reg.Close()
+		r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas, c.AvroSubject = nil, "${record}" })
+		_, err := r.Route(ctx, orderRow(orderPayload))
+		if ClassOf(err) != ClassSchemaRejected || !strings.Contains(err.Error(), "TopicNameStrategy") {
+			t.Fatalf("%v (class %q); want ClassSchemaRejected naming what to do", err, ClassOf(err))
+		}
+	})
+	t.Run("auto.register.schemas=false waits for the schema to be registered", func(t *testing.T) {
+		reg := srfake.New()
+		defer reg.Close()
+		r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas, c.AvroAutoRegister = nil, false })
+		_, err := r.Route(ctx, orderRow(orderPayload))
+		if ClassOf(err) != ClassSchemaRejected || !IsRetryable(err) || !strings.Contains(err.Error(), "OUTBOX_ROUTE_AVRO_AUTO_REGISTER") {
+			t.Fatalf("%v (class %q); want a retryable ClassSchemaRejected naming the setting", err, ClassOf(err))
+		}
+		id, _, err := reg.RegisterSchema("outbox.event.Order-value", sr.Schema{Schema: debeziumJSONOptional})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := r.Route(ctx, orderRow(orderPayload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := int(binary.BigEndian.Uint32(rec.Value[1:5])); got != id {
+			t.Fatalf("written with id %d, registered %d", got, id)
+		}
+	})
+	t.Run("use.latest.version with latest.compatibility.strict refuses an incompatible latest version", func(t *testing.T) {
+		reg := srfake.New()
+		defer reg.Close()
+		if _, _, err := reg.RegisterSchema("outbox.event.Order-value", sr.Schema{Schema: `{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}`}); err != nil {
+			t.Fatal(err)
+		}
+		// srfake finds everything compatible: answer as a registry would.
+		reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
+			if !strings.HasPrefix(req.URL.Path, "/compatibility/") {
+				return false
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"is_compatible":false}`))
+			return true
+		})
+		r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas, c.AvroUseLatestVersion = nil, true })
+		_, err := r.Route(ctx, orderRow(orderPayload))
+		if ClassOf(err) != ClassSchemaRejected || !strings.Contains(err.Error(), "not compatible") {
+			t.Fatalf("%v (class %q); want ClassSchemaRejected: not compatible", err, ClassOf(err))
+		}
+	})
+	t.Run("an incompatible registration is refused, retried, not poison", func(t *testing.T) {
+		reg := srfake.New()
+		defer reg.Close()
+		reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
+			if req.Method != http.MethodPost {
+				return false
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusConflict)
+			_, _ = w.Write([]byte(`{"error_code":409,"message":"Schema being registered is incompatible with an earlier schema"}`))
+			return true
+		})
+		r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas = nil })
+		_, err := r.Route(ctx, orderRow(orderPayload))
+		if ClassOf(err) != ClassSchemaRejected || !IsRetryable(err) || !strings.Contains(err.Error(), "incompatible") {
+			t.Fatalf("%v (class %q); want a retryable ClassSchemaRejected: incompatible", err, ClassOf(err))
+		}
+	})
+	t.Run("a registry that fails is retried", func(t *testing.T) {
+		reg := srfake.New()
+		defer reg.Close()
+		reg.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return true
+		})
+		r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas = nil })
+		_, err := r.Route(ctx, orderRow(orderPayload))
+		if ClassOf(err) != ClassRegistry {
+			t.Fatalf("%v (class %q); want ClassRegistry", err, ClassOf(err))
+		}
+	})
 }

@@ -182,10 +182,28 @@ type Config struct {
 	// (value.converter.basic.auth.user.info).
 	RegistryUser     string
 	RegistryPassword string
-	// AvroSubject is the subject a topic's value schema lives under; "${topic}"
-	// is replaced by the topic (default "${topic}-value", Confluent's
-	// TopicNameStrategy).
+	// AvroSubject is the subject a topic's value schema lives under:
+	// "${topic}" is replaced by the topic, "${record}" by the full name of
+	// the value's schema (default "${topic}-value", Confluent's
+	// TopicNameStrategy; "${record}" is its RecordNameStrategy and
+	// "${topic}-${record}" its TopicRecordNameStrategy, which
+	// value.converter.value.subject.name.strategy selects).
 	AvroSubject string
+	// AvroAutoRegister registers the schema derived from each value, as
+	// Confluent's AvroConverter derives it from the Connect schema
+	// (value.converter.auto.register.schemas, default true); false looks the
+	// derived schema up under its subject and waits, retrying, while it is
+	// not registered.
+	AvroAutoRegister bool
+	// AvroUseLatestVersion writes every value with the latest version of its
+	// subject instead of the derived schema (value.converter.use.latest.version,
+	// default false).
+	AvroUseLatestVersion bool
+	// AvroLatestCompatibilityStrict, with AvroUseLatestVersion, asks the
+	// registry whether the derived schema is compatible with that latest
+	// version before using it (value.converter.latest.compatibility.strict,
+	// default true).
+	AvroLatestCompatibilityStrict bool
 	// AvroSchemaDir holds <subject>.avsc files registered at New.
 	AvroSchemaDir string
 	// AvroSchemas maps subjects to Avro schemas registered at New.
@@ -196,26 +214,28 @@ type Config struct {
 // StringConverter as key and value converter on Kafka Connect.
 func DefaultConfig() Config {
 	return Config{
-		FieldEventID:            "id",
-		FieldEventKey:           "aggregateid",
-		FieldEventType:          "type",
-		FieldPayload:            "payload",
-		AdditionalMissing:       MissingError,
-		JSONNullBehavior:        NullIgnore,
-		JSONEmptyArrayBehavior:  EmptyArrayIgnore,
-		RouteByField:            "aggregatetype",
-		TopicRegex:              "(?<routedByValue>.*)",
-		TopicReplacement:        "outbox.event.${routedByValue}",
-		InvalidOpBehavior:       InvalidOpWarn,
-		TracingSpanContextField: "tracingspancontext",
-		Tracing:                 true,
-		KeyFormat:               FormatString,
-		ValueFormat:             FormatString,
-		HeaderFormat:            FormatString,
-		Runtime:                 RuntimeConnect,
-		TopicPrefix:             "outbox",
-		RequiredColumns:         []string{"id", "aggregatetype", "aggregateid", "type"},
-		AvroSubject:             "${topic}-value",
+		FieldEventID:                  "id",
+		FieldEventKey:                 "aggregateid",
+		FieldEventType:                "type",
+		FieldPayload:                  "payload",
+		AdditionalMissing:             MissingError,
+		JSONNullBehavior:              NullIgnore,
+		JSONEmptyArrayBehavior:        EmptyArrayIgnore,
+		RouteByField:                  "aggregatetype",
+		TopicRegex:                    "(?<routedByValue>.*)",
+		TopicReplacement:              "outbox.event.${routedByValue}",
+		InvalidOpBehavior:             InvalidOpWarn,
+		TracingSpanContextField:       "tracingspancontext",
+		Tracing:                       true,
+		KeyFormat:                     FormatString,
+		ValueFormat:                   FormatString,
+		HeaderFormat:                  FormatString,
+		Runtime:                       RuntimeConnect,
+		TopicPrefix:                   "outbox",
+		RequiredColumns:               []string{"id", "aggregatetype", "aggregateid", "type"},
+		AvroSubject:                   "${topic}-value",
+		AvroAutoRegister:              true,
+		AvroLatestCompatibilityStrict: true,
 	}
 }
 
@@ -340,8 +360,8 @@ func (c *Config) Validate() error {
 		if len(c.RegistryURLs) == 0 {
 			bad("RegistryURLs", "missing; value format avro needs a schema registry, set it to http://host:8081")
 		}
-		if !strings.Contains(c.AvroSubject, "${topic}") {
-			bad("AvroSubject", "%q does not contain ${topic}", c.AvroSubject)
+		if !strings.Contains(c.AvroSubject, "${topic}") && !strings.Contains(c.AvroSubject, "${record}") {
+			bad("AvroSubject", "%q contains neither ${topic} nor ${record}", c.AvroSubject)
 		}
 		if c.AvroSchemaDir != "" {
 			if st, err := os.Stat(c.AvroSchemaDir); err != nil || !st.IsDir() {

@@ -22,6 +22,11 @@ type ErrorClass string
 //     as Debezium stops the connector.
 //   - ClassRegistry: the schema registry could not be reached; the row is
 //     fine, retry later (Retryable). Never dead-letter for this.
+//   - ClassSchemaRejected: the registry answered and refused the value's
+//     schema (incompatible with the subject, or not registered while
+//     auto.register.schemas is off); the row is fine and waits, retried,
+//     until an operator changes the registry (Retryable), as Debezium's
+//     task stops. Never dead-letter for this.
 //   - every other class: the row is poison; dead-letter it whole
 //     (DeadLetter) and carry on.
 const (
@@ -33,6 +38,7 @@ const (
 	ClassInvalidOp      ErrorClass = "invalid-op"
 	ClassSkipped        ErrorClass = "skipped"
 	ClassRegistry       ErrorClass = "registry-unavailable"
+	ClassSchemaRejected ErrorClass = "schema-rejected"
 )
 
 // Skip reports whether rows of this class are dropped on purpose, as
@@ -45,7 +51,7 @@ func (c ErrorClass) Fatal() bool { return c == ClassInvalidOp }
 
 // Retryable reports whether the same row may route on a later attempt: only
 // when something outside the row (the schema registry) failed.
-func (c ErrorClass) Retryable() bool { return c == ClassRegistry }
+func (c ErrorClass) Retryable() bool { return c == ClassRegistry || c == ClassSchemaRejected }
 
 // Poison reports whether the row itself cannot be routed and belongs in the
 // dead-letter queue.
@@ -93,7 +99,7 @@ func ClassOf(err error) ErrorClass {
 }
 
 // IsRetryable reports whether err is a routing error worth retrying as is
-// (class ClassRegistry).
+// (class ClassRegistry or ClassSchemaRejected).
 func IsRetryable(err error) bool { return ClassOf(err).Retryable() }
 
 func errorf(class ErrorClass, err error, format string, args ...any) *Error {

@@ -148,7 +148,13 @@ var options = func() []option {
 	pw.secret = true
 	add(pw)
 	g, s = str(func(c *Config) *string { return &c.AvroSubject })
-	add(opt("AvroSubject", "value.converter.value.subject.name.strategy", "route-avro-subject", "subject of a topic's value schema; ${topic} is the topic", g, s))
+	add(opt("AvroSubject", "value.converter.value.subject.name.strategy", "route-avro-subject", "subject of a value's schema; ${topic} is the topic, ${record} the schema's full name", g, s))
+	g, s = boolean(func(c *Config) *bool { return &c.AvroAutoRegister })
+	add(opt("AvroAutoRegister", "value.converter.auto.register.schemas", "route-avro-auto-register", "register the Avro schema derived from each value as Confluent's AvroConverter does (false: look it up, waiting while it is missing)", g, s))
+	g, s = boolean(func(c *Config) *bool { return &c.AvroUseLatestVersion })
+	add(opt("AvroUseLatestVersion", "value.converter.use.latest.version", "route-avro-use-latest-version", "write values with the latest version of their subject instead of the derived schema", g, s))
+	g, s = boolean(func(c *Config) *bool { return &c.AvroLatestCompatibilityStrict })
+	add(opt("AvroLatestCompatibilityStrict", "value.converter.latest.compatibility.strict", "route-avro-latest-compatibility-strict", "with use.latest.version, use the latest version only if the registry finds the derived schema compatible with it", g, s))
 	g, s = str(func(c *Config) *string { return &c.AvroSchemaDir })
 	add(opt("AvroSchemaDir", "", "route-avro-schema-dir", "directory of <subject>.avsc files registered at start", g, s))
 	for i := range o {
@@ -418,9 +424,28 @@ func (c *Config) applyConverters(all map[string]string, server bool) error {
 		user, pass, _ := strings.Cut(v, ":")
 		c.RegistryUser, c.RegistryPassword = user, pass
 	}
-	if v := strings.TrimSpace(all[vp+"value.subject.name.strategy"]); v != "" &&
-		v != "io.confluent.kafka.serializers.subject.TopicNameStrategy" {
-		errs = append(errs, fmt.Errorf("%svalue.subject.name.strategy %s: only TopicNameStrategy is supported", vp, v))
+	if v := strings.TrimSpace(all[vp+"value.subject.name.strategy"]); v != "" {
+		switch v[strings.LastIndexByte(v, '.')+1:] {
+		case "TopicNameStrategy":
+			c.AvroSubject = "${topic}-value"
+		case "RecordNameStrategy":
+			c.AvroSubject = "${record}"
+		case "TopicRecordNameStrategy":
+			c.AvroSubject = "${topic}-${record}"
+		default:
+			errs = append(errs, fmt.Errorf("%svalue.subject.name.strategy %s: not TopicNameStrategy, RecordNameStrategy or TopicRecordNameStrategy", vp, v))
+		}
+	}
+	for _, b := range []struct {
+		key string
+		dst *bool
+	}{{"auto.register.schemas", &c.AvroAutoRegister}, {"use.latest.version", &c.AvroUseLatestVersion}, {"latest.compatibility.strict", &c.AvroLatestCompatibilityStrict}} {
+		if v, ok := all[vp+b.key]; ok {
+			_, set := boolean(func(*Config) *bool { return b.dst })
+			if err := set(c, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s%s: %w", vp, b.key, err))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

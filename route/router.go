@@ -193,7 +193,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		ps = colSchema(payloadCol, !r.required[payloadCol.Name], &pv)
 	}
 	exp := expand.Kept
-	if cfg.ExpandJSONPayload && cfg.ValueFormat != FormatAvro && pv.Kind == connect.KindStr {
+	if cfg.ExpandJSONPayload && pv.Kind == connect.KindStr {
 		var es *connect.Schema
 		var ev connect.Value
 		exp, es, ev = r.x.Expand(pv.Bytes, cfg.FieldPayload)
@@ -317,10 +317,15 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	case tombstone:
 		val.null = true
 	case cfg.ValueFormat == FormatAvro:
+		if exp == expand.Broken {
+			// The payload kept as text with the schema inferred from it:
+			// AvroData fails on it, as JsonConverter does.
+			return nil, topic, errorf(ClassInvalidPayload, nil, "the expanded JSON payload does not fit the schema inferred from it; AvroConverter fails on it")
+		}
 		val.off = len(buf)
 		var null bool
 		jsonText := payloadCol != nil && kindOf(payloadCol.Type) == kJSON
-		buf, null, err = r.avro.Encode(ctx, buf, topic, jsonText, &pv, envSchema, &envVal)
+		buf, null, err = r.avro.Encode(ctx, buf, topic, jsonText, ps, &pv, envSchema, &envVal)
 		if err != nil {
 			return nil, topic, avroError(err)
 		}
@@ -565,19 +570,24 @@ func (r *Router) newAvro(ctx context.Context) (*avro.Encoder, error) {
 	return avro.New(ctx, avro.Options{
 		URLs: r.cfg.RegistryURLs, User: r.cfg.RegistryUser, Password: r.cfg.RegistryPassword,
 		Subject: r.cfg.AvroSubject, Schemas: files,
+		AutoRegister: r.cfg.AvroAutoRegister, UseLatest: r.cfg.AvroUseLatestVersion, LatestStrict: r.cfg.AvroLatestCompatibilityStrict,
 	})
 }
 
 // avroError is the Avro encoder's error as a routing error: the registry's
-// fault is retried (ClassRegistry), the value's or its schema's is the
-// row's (ClassSchema).
+// fault is retried (ClassRegistry), as is its refusal of the schema
+// (ClassSchemaRejected); the value's or its given schema's is the row's
+// (ClassSchema).
 func avroError(err error) error {
 	var ae *avro.Error
 	if !errors.As(err, &ae) {
 		return err
 	}
 	class := ClassSchema
-	if ae.Registry {
+	switch {
+	case ae.Rejected:
+		class = ClassSchemaRejected
+	case ae.Registry:
 		class = ClassRegistry
 	}
 	return errorf(class, ae.Err, "%s", ae.Msg)

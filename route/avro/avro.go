@@ -28,11 +28,17 @@ import (
 // Encoder encodes values; it is safe for concurrent use.
 type Encoder struct {
 	cl      *sr.Client
-	subject string // with ${topic}
+	subject string // with ${topic} or ${record}
+	opts    Options
 
 	mu      sync.RWMutex
-	schemas map[string]*avroSchema // by subject
+	schemas map[string]*avroSchema // by subject: given at New, or the latest version
+	fixed   map[string]bool        // subjects whose schema was given at New
+	derived map[derivedKey]*avroSchema
 }
+
+// derivedKey is a derived schema under its subject.
+type derivedKey struct{ subject, text string }
 
 type avroSchema struct {
 	id    int
@@ -79,18 +85,32 @@ type Options struct {
 	// authentication, when set.
 	URLs           []string
 	User, Password string
-	// Subject is the subject a topic's value schema lives under, with
-	// "${topic}".
+	// Subject is the subject a value's schema lives under, with "${topic}"
+	// (the topic) or "${record}" (the schema's full name).
 	Subject string
-	// Schemas are registered under their subjects at New.
+	// Schemas are registered under their subjects at New, and used for
+	// their subjects' values as they are.
 	Schemas map[string]string
+	// AutoRegister registers the schema derived from each value's Connect
+	// schema (Derive); false looks it up under its subject. UseLatest
+	// writes with the subject's latest version instead; LatestStrict then
+	// asks the registry first whether the derived schema is compatible
+	// with it. Confluent's auto.register.schemas, use.latest.version and
+	// latest.compatibility.strict.
+	AutoRegister, UseLatest, LatestStrict bool
 }
 
 // Error is a value that cannot be encoded. Registry says the registry is at
 // fault (retry the value as it is) rather than the value or the subject's
 // schema (the row cannot be encoded by retrying).
+//
+// Rejected says the registry answered but refused the subject's schema (an
+// incompatible schema, one not registered while auto-registration is off):
+// the value is fine, and waits, retried, until an operator changes the
+// registry; it is never a dead letter.
 type Error struct {
 	Registry bool
+	Rejected bool
 	Msg      string
 	Err      error
 }
@@ -118,7 +138,7 @@ func New(ctx context.Context, opts Options) (*Encoder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schema registry client: %w", err)
 	}
-	e := &Encoder{cl: cl, subject: opts.Subject, schemas: map[string]*avroSchema{}}
+	e := &Encoder{cl: cl, subject: opts.Subject, opts: opts, schemas: map[string]*avroSchema{}, fixed: map[string]bool{}, derived: map[derivedKey]*avroSchema{}}
 	for subject, text := range opts.Schemas {
 		s, err := compile(text)
 		if err != nil {
@@ -130,8 +150,122 @@ func New(ctx context.Context, opts Options) (*Encoder, error) {
 		}
 		s.id = ss.ID
 		e.schemas[subject] = s
+		e.fixed[subject] = true
 	}
 	return e, nil
+}
+
+// schemaFor returns the schema a value of Connect schema vs on topic is
+// written with, and its subject: a subject's schema given at New; else, as
+// Confluent's serializer does, the latest version (UseLatest), the derived
+// schema registered (AutoRegister) or looked up. Without vs (no Connect
+// schema is known) the subject's latest version.
+func (e *Encoder) schemaFor(ctx context.Context, topic string, vs *connect.Schema) (*avroSchema, string, error) {
+	subject := strings.ReplaceAll(e.subject, "${topic}", topic)
+	if !strings.Contains(subject, "${record}") {
+		e.mu.RLock()
+		s := e.schemas[subject]
+		fixed := e.fixed[subject]
+		e.mu.RUnlock()
+		if fixed {
+			return s, subject, nil
+		}
+	}
+	if vs == nil {
+		if strings.Contains(subject, "${record}") {
+			return nil, subject, errorf(false, nil, "the value has no schema to name a ${record} subject by")
+		}
+		s, err := e.lookup(ctx, subject)
+		return s, subject, err
+	}
+	text, name, err := Derive(vs)
+	if err != nil {
+		return nil, subject, errorf(false, err, "derive the Avro schema of the value (as Confluent's AvroConverter does)")
+	}
+	if strings.Contains(subject, "${record}") {
+		if name == "" {
+			// Confluent's RecordNameStrategy fails such a value too.
+			return nil, subject, &Error{Rejected: true, Msg: fmt.Sprintf("the subject name strategy %q needs a record schema, and the value's schema is %s: "+
+				"use TopicNameStrategy (OUTBOX_ROUTE_AVRO_SUBJECT=${topic}-value) or expand the JSON payload into a record (table.expand.json.payload=true)", e.subject, text)}
+		}
+		subject = strings.ReplaceAll(subject, "${record}", name)
+	}
+	key := derivedKey{subject, text}
+	e.mu.RLock()
+	s := e.derived[key]
+	e.mu.RUnlock()
+	if s != nil {
+		return s, subject, nil
+	}
+	switch {
+	case e.opts.UseLatest:
+		if s, err = e.lookup(ctx, subject); err != nil {
+			var ae *Error
+			if errors.As(err, &ae) && !ae.Registry {
+				// No version to use: Confluent's serializer fails the
+				// record; here it waits for one.
+				ae.Rejected = true
+				ae.Msg += " and use.latest.version is on: register one, or set use.latest.version=false (OUTBOX_ROUTE_AVRO_USE_LATEST_VERSION)"
+			}
+			return nil, subject, err
+		}
+		if e.opts.LatestStrict {
+			ok, err := e.cl.CheckCompatibility(ctx, subject, -1, sr.Schema{Schema: text, Type: sr.TypeAvro})
+			if err != nil {
+				return nil, subject, registryError(err, "ask the registry whether the value's schema is compatible with the latest version of subject %q", subject)
+			}
+			if !ok.Is {
+				return nil, subject, &Error{Rejected: true, Msg: fmt.Sprintf("the value's schema %s is not compatible with the latest version of subject %q (id %d), and latest.compatibility.strict is on: "+
+					"register a compatible version, or set latest.compatibility.strict=false (OUTBOX_ROUTE_AVRO_LATEST_COMPATIBILITY_STRICT)", text, subject, s.id)}
+			}
+		}
+	case e.opts.AutoRegister:
+		ss, err := e.cl.CreateSchema(ctx, subject, sr.Schema{Schema: text, Type: sr.TypeAvro})
+		if err != nil {
+			return nil, subject, registryError(err, "register the value's schema %s under subject %q", text, subject)
+		}
+		if s, err = compile(text); err != nil {
+			return nil, subject, errorf(false, err, "the derived schema %s does not compile", text)
+		}
+		s.id = ss.ID
+	default:
+		ss, err := e.cl.LookupSchema(ctx, subject, sr.Schema{Schema: text, Type: sr.TypeAvro})
+		if err != nil {
+			var re *sr.ResponseError
+			if errors.As(err, &re) && re.StatusCode == http.StatusNotFound {
+				return nil, subject, &Error{Rejected: true, Err: err, Msg: fmt.Sprintf("the value's schema %s is not registered under subject %q and auto.register.schemas is off: "+
+					"register it, or set auto.register.schemas=true (OUTBOX_ROUTE_AVRO_AUTO_REGISTER)", text, subject)}
+			}
+			return nil, subject, registryError(err, "look up the value's schema %s under subject %q", text, subject)
+		}
+		if s, err = compile(text); err != nil {
+			return nil, subject, errorf(false, err, "the derived schema %s does not compile", text)
+		}
+		s.id = ss.ID
+	}
+	e.mu.Lock()
+	if old := e.derived[key]; old != nil {
+		s = old
+	} else {
+		e.derived[key] = s
+	}
+	e.mu.Unlock()
+	return s, subject, nil
+}
+
+// registryError is a registry's error: refused (a 4xx answer about the
+// schema: incompatible, invalid) or unavailable (anything else: retried).
+func registryError(err error, format string, args ...any) *Error {
+	msg := fmt.Sprintf(format, args...)
+	var re *sr.ResponseError
+	if errors.As(err, &re) && (re.StatusCode == http.StatusConflict || re.StatusCode == http.StatusUnprocessableEntity) {
+		what := "the registry refused the schema"
+		if re.StatusCode == http.StatusConflict {
+			what = "the registry refused the schema as incompatible with the subject's versions (its compatibility level)"
+		}
+		return &Error{Rejected: true, Err: err, Msg: msg + ": " + what + ": change the subject's compatibility level or its versions; the line waits and retries"}
+	}
+	return &Error{Registry: true, Err: err, Msg: msg}
 }
 
 // lookup returns the subject's schema, from the registry's latest version
@@ -180,10 +314,10 @@ func (e *Encoder) lookup(ctx context.Context, subject string) (*avroSchema, erro
 // payload is a null value (the Confluent serializer's null); a bytea
 // payload is taken to be Avro already framed by the application
 // (Debezium's documented BinaryDataConverter setup) and goes out as it is.
-// pv is the payload (payloadJSON: a json or jsonb column's text); with
-// envSchema the value is the envelope envVal, whose first field is the
-// payload. An error is an *Error.
-func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJSON bool, pv *connect.Value, envSchema *connect.Schema, envVal *connect.Value) ([]byte, bool, error) {
+// pv is the payload (payloadJSON: a json or jsonb column's text) and ps its
+// Connect schema; with envSchema the value is the envelope envVal, whose
+// first field is the payload. An error is an *Error.
+func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJSON bool, ps *connect.Schema, pv *connect.Value, envSchema *connect.Schema, envVal *connect.Value) ([]byte, bool, error) {
 	if envSchema == nil {
 		switch pv.Kind {
 		case connect.KindNull:
@@ -192,8 +326,11 @@ func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJ
 			return append(buf, pv.Bytes...), false, nil
 		}
 	}
-	subject := strings.ReplaceAll(e.subject, "${topic}", topic)
-	s, err := e.lookup(ctx, subject)
+	vs := envSchema
+	if vs == nil {
+		vs = ps
+	}
+	s, subject, err := e.schemaFor(ctx, topic, vs)
 	if err != nil {
 		return buf, false, err
 	}
@@ -206,7 +343,7 @@ func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJ
 	default:
 		var text []byte
 		if envSchema == nil {
-			text = appendAvroJSON(nil, payloadJSON, nil, pv)
+			text = appendAvroJSON(nil, payloadJSON, ps, pv)
 		} else {
 			text = append(text, '{')
 			for i, f := range envSchema.Fields {
@@ -216,7 +353,7 @@ func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJ
 				text = connect.AppendJSONStr(text, f.Name)
 				text = append(text, ':')
 				if i == 0 {
-					text = appendAvroJSON(text, payloadJSON, nil, &envVal.List[0])
+					text = appendAvroJSON(text, payloadJSON, envSchema.Fields[0].Schema, &envVal.List[0])
 				} else {
 					text = appendAvroJSON(text, false, f.Schema, &envVal.List[i])
 				}
@@ -261,6 +398,27 @@ func appendAvroJSON(dst []byte, jsonText bool, s *connect.Schema, v *connect.Val
 		return connect.AppendVarDecimal(dst, v.Dec, appendAvroBytesJSON)
 	case v.Kind == connect.KindDec && s != nil && s.Name == connect.DecimalSchemaName && s.HasParam(connect.DecimalPrecisionParam):
 		return appendAvroBytesJSON(dst, connect.TwosComplement(&v.Dec.Unscaled))
+	case v.Kind == connect.KindStruct && s != nil && len(s.Fields) == len(v.List):
+		// An expanded payload: its fields named, its leaves as above.
+		dst = append(dst, '{')
+		for i := range v.List {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = connect.AppendJSONStr(dst, s.Fields[i].Name)
+			dst = append(dst, ':')
+			dst = appendAvroJSON(dst, false, s.Fields[i].Schema, &v.List[i])
+		}
+		return append(dst, '}')
+	case v.Kind == connect.KindList && s != nil:
+		dst = append(dst, '[')
+		for i := range v.List {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendAvroJSON(dst, false, s.Items, &v.List[i])
+		}
+		return append(dst, ']')
 	}
 	return connect.AppendValueJSON(dst, nil, v)
 }
