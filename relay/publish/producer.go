@@ -261,8 +261,25 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 		case class.Fatal():
 			return &fatal.Error{Msg: "the router refused a row (table.op.invalid.behavior=fatal)", Err: err}
 		case class.Retryable():
+			if p.cfg.Transactional && p.txn.open {
+				// The events before this one are routed and sent: commit
+				// them before waiting, so that they reach consumers now
+				// and no transaction stays open for as long as the
+				// registry is out (the broker would abort it at its
+				// timeout, and the session would end). The position it
+				// carries counts them, not this one.
+				if err := p.commit(ctx); err != nil {
+					return err
+				}
+			}
 			wait := backoff.NextBackOff()
-			p.log.Warn("routing needs the schema registry, which failed; retrying", "err", err, "backoff", wait)
+			if class == route.ClassSchemaRejected {
+				// Not the registry's outage: its answer, which only an
+				// operator changes. The line waits; say so loudly.
+				p.log.Error("the schema registry refused the event's schema; the line waits and retries until it is changed", "err", err, "backoff", wait)
+			} else {
+				p.log.Warn("routing needs the schema registry, which failed; retrying", "err", err, "backoff", wait)
+			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()

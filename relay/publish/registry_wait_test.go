@@ -1,0 +1,115 @@
+package publish
+
+import (
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	"github.com/pgoutbox/pgoutbox/route"
+)
+
+// TestRegistryWaitCommitsFirst: an event whose schema the registry cannot
+// take now (down: 503; or refusing it: 409 incompatible) waits, retried,
+// never a dead letter; the events routed before it in the open Kafka
+// transaction are committed before the wait, so that read_committed
+// consumers have them at once and no transaction stays open through the
+// outage (the broker would abort it at its timeout). When the registry
+// answers again, the waiting event and those after it follow, in order.
+func TestRegistryWaitCommitsFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		status   int
+		pipeline bool
+		logged   string
+	}{
+		{"registry down", http.StatusServiceUnavailable, false, "routing needs the schema registry, which failed; retrying"},
+		{"registry down, pipelined", http.StatusServiceUnavailable, true, "routing needs the schema registry, which failed; retrying"},
+		{"schema refused as incompatible", http.StatusConflict, false, "the schema registry refused the event's schema"},
+		{"schema refused as incompatible, pipelined", http.StatusConflict, true, "the schema registry refused the event's schema"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, brokers := fakeKafka(t, kfake.NumBrokers(1))
+			reg := srfake.New()
+			t.Cleanup(reg.Close)
+			var refuse, refused atomic.Bool
+			aggType := "reg" + uniq()
+			late := aggType + "Late"
+			reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+				// Only the second topic's subject is refused: the first
+				// topic's schema is known by then.
+				if !refuse.Load() || !strings.Contains(r.URL.Path, late) {
+					return false
+				}
+				refused.Store(true)
+				w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
+				w.WriteHeader(tc.status)
+				_, _ = w.Write([]byte(`{"error_code":` + map[int]string{503: "50003", 409: "409"}[tc.status] + `,"message":"injected"}`))
+				return true
+			})
+			rcfg := route.DefaultConfig()
+			rcfg.ValueFormat = route.FormatAvro
+			rcfg.RegistryURLs = []string{reg.URL()}
+			router, err := route.New(rcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := newFakeDeadLetters()
+			s := newSession(t, brokers, Config{Transactional: true, TxnInterval: time.Hour, TxnMaxRecords: 1000, TopicCreate: true, DLQTopic: "dlq." + aggType},
+				sessionOpts{router: router, db: db, pipeline: tc.pipeline}).start()
+
+			// The first topic's schema is registered (auto.register.schemas)
+			// and its records committed.
+			s.send(100, eventRow("id", "e1", aggType, "a", `{"n":1}`, 90, 100))
+			s.send(200, eventRow("id", "e2", aggType, "a", `{"n":2}`, 190, 200))
+			refuse.Store(true)
+			// One PostgreSQL transaction: an event that routes (its
+			// schema known), then one whose subject the registry refuses,
+			// then one more.
+			s.send(300,
+				eventRow("id", "e3", aggType, "a", `{"n":3}`, 210, 300),
+				eventRow("id", "e4", late, "b", `{"n":4}`, 220, 300),
+				eventRow("id", "e5", aggType, "a", `{"n":5}`, 230, 300))
+			deadline := time.Now().Add(10 * time.Second)
+			for !refused.Load() && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if !refused.Load() {
+				t.Fatal("the registry was never asked for the second topic's schema")
+			}
+			// e3 is in Kafka for read_committed consumers while e4 waits:
+			// committed (a transaction left open fails committed()).
+			got := ids(committed(t, brokers, "outbox.event."+aggType))
+			if want := []string{"e1", "e2", "e3"}; strings.Join(got, ",") != strings.Join(want, ",") {
+				t.Fatalf("committed while the registry refuses: %v, want %v", got, want)
+			}
+			if s.tr.Acked() >= 300 {
+				t.Fatalf("transaction 300 acked (%d) while one of its events waits for the registry", s.tr.Acked())
+			}
+			time.Sleep(500 * time.Millisecond) // a few retries
+			refuse.Store(false)
+			if !s.waitAcked(300, 20*time.Second) {
+				t.Fatalf("transaction 300 not acked after the registry answered: acked %d", s.tr.Acked())
+			}
+			if err := s.close(); err != nil {
+				t.Fatalf("producer: %v", err)
+			}
+			if got := ids(committed(t, brokers, "outbox.event."+aggType)); strings.Join(got, ",") != "e1,e2,e3,e5" {
+				t.Fatalf("first topic: %v, want e1,e2,e3,e5", got)
+			}
+			if got := ids(committed(t, brokers, "outbox.event."+late)); strings.Join(got, ",") != "e4" {
+				t.Fatalf("second topic: %v, want e4", got)
+			}
+			if n := db.count(); n != 0 {
+				t.Fatalf("%d dead letters in the table; want none", n)
+			}
+			if !strings.Contains(s.log.String(), tc.logged) {
+				t.Fatalf("log lacks %q:\n%s", tc.logged, s.log.String())
+			}
+		})
+	}
+}
