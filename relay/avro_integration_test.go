@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"reflect"
 	"strings"
@@ -79,6 +80,9 @@ func TestAvroPoisonToDLQ(t *testing.T) {
 	cfg := testConfig(t, pg.DSN("outbox"), brokers)
 	cfg.Route.ValueFormat = route.FormatAvro
 	cfg.Route.RegistryURLs = []string{url}
+	// The payload JSON read by the subject's latest version, not the
+	// string schema derived for a jsonb column.
+	cfg.Route.AvroUseLatestVersion, cfg.Route.AvroLatestCompatibilityStrict = true, false
 	cfg.DLQTopic = dlq
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -201,6 +205,150 @@ func TestAvroPoisonToDLQ(t *testing.T) {
 	}
 	if got := metricValue(t, run, "outbox_connector_events_dead_lettered_total"); !strings.Contains(got, "class=schema") || !strings.Contains(got, ":2") {
 		t.Errorf("outbox_connector_events_dead_lettered_total = %q; want 2 with class=schema", got)
+	}
+}
+
+// TestAvroRegistryFaults: the relay with Confluent's defaults
+// (auto.register.schemas) against a real registry that goes down (a proxy
+// in front of it refuses connections) while events of a new topic, whose
+// schema is not registered yet, are written, then comes back: nothing is
+// published or dead-lettered while it is down, and everything is after, in
+// order, with the registered schema's id. Then a subject whose
+// compatibility level refuses the derived schema: the line stops with an
+// error naming the subject and what to do, nothing is dead-lettered, and
+// it goes on once the operator changes the level.
+func TestAvroRegistryFaults(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	url := testenv.StartRegistry(t)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.StartProxy(t, u.Host)
+	proxied := *u
+	proxied.Host = proxy.Addr
+	cl, err := sr.NewClient(sr.URLs(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aggType, refused := uniqueType("avroDown"), uniqueType("avroRefused")
+	topic, topic2, dlq := "outbox.event."+aggType, "outbox.event."+refused, "dlq."+aggType
+
+	cfg := testConfig(t, pg.DSN("outbox"), brokers)
+	cfg.Route.ValueFormat = route.FormatAvro
+	cfg.Route.RegistryURLs = []string{proxied.String()}
+	cfg.DLQTopic = dlq
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c := testenv.StartConsumer(t, brokers, topic)
+	c2 := testenv.StartConsumer(t, brokers, topic2)
+	dc := testenv.StartConsumer(t, brokers, dlq)
+	// Values decoded as a Confluent deserializer does: the registered
+	// schema, the union's string branch holding the payload text.
+	des := &avroDecoder{cl: cl, serde: sr.NewSerde(), known: map[int]bool{}}
+	c.Decode = func(b []byte) (string, error) {
+		_, v, err := des.decode(ctx, b)
+		if err != nil {
+			return "", err
+		}
+		m, ok := v.(map[string]any)
+		text, ok2 := m["string"].(string)
+		if !ok || !ok2 || len(m) != 1 {
+			return "", fmt.Errorf("decoded %#v, not the optional string's branch", v)
+		}
+		return text, nil
+	}
+	c2.Decode = c.Decode
+	run := startRelayWith(t, cfg)
+	run.waitStreaming(t)
+	deadLetters := func() int {
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox_dead_letter").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n + dc.Count()
+	}
+
+	// Down before the topic's first event: its schema cannot be registered.
+	proxy.Down()
+	w := testenv.NewWriter()
+	w.Write(t, ctx, conn, aggType, 60, 4, 5)
+	time.Sleep(4 * time.Second)
+	if n := c.Count(); n != 0 {
+		t.Fatalf("%d records published while the registry was down", n)
+	}
+	if n := deadLetters(); n != 0 {
+		t.Fatalf("%d dead letters while the registry was down; want none", n)
+	}
+	retries := metricValue(t, run, "outbox_connector_route_retries_total")
+	if !strings.Contains(retries, "class="+string(route.ClassRegistry)) {
+		t.Fatalf("outbox_connector_route_retries_total = %q while the registry was down; want class=%s", retries, route.ClassRegistry)
+	}
+	t.Logf("registry down 4 s: nothing published, nothing dead-lettered; retries: %s", retries)
+	proxy.Up(t)
+	w.Write(t, ctx, conn, aggType, 20, 4, 5)
+	want := w.Snapshot()
+	c.WaitFor(t, want, time.Minute)
+	if dups := c.Verify(t, want); dups != 0 {
+		t.Errorf("%d duplicates across a registry outage; want 0", dups)
+	}
+	ss, err := cl.SchemaByVersion(ctx, topic+"-value", -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const jsonOptional = `["null",{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}]`
+	if ss.Schema.Schema != jsonOptional || ss.Version != 1 {
+		t.Errorf("registered version %d: %s; want version 1: %s", ss.Version, ss.Schema.Schema, jsonOptional)
+	}
+	for _, r := range c.Records() {
+		if id, _, err := des.serde.DecodeID(r.Value); err != nil || id != ss.ID {
+			t.Fatalf("record %s: schema id %d (%v); registered %d", testenv.Header(r, "id"), id, err, ss.ID)
+		}
+	}
+
+	// A subject that refuses the derived schema: the line stops there.
+	subject := topic2 + "-value"
+	if _, err := cl.CreateSchema(ctx, subject, sr.Schema{Type: sr.TypeAvro, Schema: `{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}`}); err != nil {
+		t.Fatal(err)
+	}
+	if res := cl.SetCompatibility(ctx, sr.SetCompatibility{Level: sr.CompatBackward}, subject); res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	w2 := testenv.NewWriter()
+	w2.Write(t, ctx, conn, refused, 10, 2, 3)
+	// Events after it, of the topic that works, wait behind it.
+	w.Write(t, ctx, conn, aggType, 10, 4, 5)
+	time.Sleep(3 * time.Second)
+	if n := c2.Count(); n != 0 {
+		t.Fatalf("%d records published under a subject that refuses their schema", n)
+	}
+	if n := deadLetters(); n != 0 {
+		t.Fatalf("%d dead letters for a refused schema; want none", n)
+	}
+	if n := c.Count(); n != len(want) {
+		t.Fatalf("%d records of %s, want the %d from before: the events after the refused one wait", n, topic, len(want))
+	}
+	if got := metricValue(t, run, "outbox_connector_route_retries_total"); !strings.Contains(got, "class="+string(route.ClassSchemaRejected)) {
+		t.Fatalf("outbox_connector_route_retries_total = %q; want class=%s", got, route.ClassSchemaRejected)
+	}
+	if res := cl.SetCompatibility(ctx, sr.SetCompatibility{Level: sr.CompatNone}, subject); res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	c2.WaitFor(t, w2.Snapshot(), time.Minute)
+	all := w.Snapshot()
+	c.WaitFor(t, all, time.Minute)
+	if err := run.stop(t); err != nil {
+		t.Fatalf("relay stopped with %v", err)
+	}
+	if dups := c.Verify(t, all) + c2.Verify(t, w2.Snapshot()); dups != 0 {
+		t.Errorf("%d duplicates; want 0", dups)
+	}
+	if n := deadLetters(); n != 0 {
+		t.Errorf("%d dead letters; want none", n)
 	}
 }
 

@@ -100,6 +100,10 @@ func TestAvroRealRegistry(t *testing.T) {
 	cfg.ValueFormat = FormatAvro
 	cfg.RegistryURLs = []string{url}
 	cfg.AvroSchemas = map[string]string{subject: orderSchema}
+	// Subjects registered by hand, and their payload JSON read by their
+	// latest version (not the string schema Confluent derives for a jsonb
+	// column): use.latest.version without the strict check.
+	cfg.AvroUseLatestVersion, cfg.AvroLatestCompatibilityStrict = true, false
 	r, err := NewContext(ctx, cfg)
 	if err != nil {
 		t.Fatalf("router with a real registry at %s: %v", url, err)
@@ -290,6 +294,125 @@ func TestAvroRealRegistry(t *testing.T) {
 			t.Fatalf("subject without a schema at a real registry: %v (class %q)", err, ClassOf(err))
 		}
 		t.Logf("subject without a schema: %v", err)
+	})
+}
+
+// TestAvroRealRegistryAutoRegister: with the defaults Confluent's
+// AvroConverter has (auto.register.schemas=true, TopicNameStrategy), a real
+// registry with no subject for the topic gets the schema AvroConverter
+// derives for Debezium's outbox payload (an optional io.debezium.data.Json
+// string; a record with table.expand.json.payload), once, and the records
+// carry its id; a subject whose compatibility level refuses that schema
+// stops the event with a clear, retryable error (never a dead letter)
+// until the operator changes the level.
+func TestAvroRealRegistryAutoRegister(t *testing.T) {
+	url := testenv.StartRegistry(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	cl, err := sr.NewClient(sr.URLs(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	des := newConfluentDeserializer(cl)
+	router := func(mod func(*Config)) *Router {
+		cfg := DefaultConfig()
+		cfg.ValueFormat = FormatAvro
+		cfg.RegistryURLs = []string{url}
+		if mod != nil {
+			mod(&cfg)
+		}
+		r, err := NewContext(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	row := func(aggType, payload string) *Row {
+		rw := orderRow(payload)
+		rw.Columns[0].Value = []byte(uuid.NewString())
+		rw.Columns[1].Value = []byte(aggType)
+		return rw
+	}
+
+	t.Run("an empty subject gets Debezium's payload schema", func(t *testing.T) {
+		aggType := "Auto" + suffix
+		subject := "outbox.event." + aggType + "-value"
+		r := router(nil)
+		payloads := []string{orderPayload, `{"ü": "𝄞", "n": 9007199254740993}`}
+		for _, p := range payloads {
+			rec, err := r.Route(ctx, row(aggType, p))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ss, err := cl.SchemaByVersion(ctx, subject, -1)
+			if err != nil {
+				t.Fatalf("nothing registered under %s: %v", subject, err)
+			}
+			if ss.Schema.Schema != debeziumJSONOptional {
+				t.Fatalf("registered %s\nwant %s", ss.Schema.Schema, debeziumJSONOptional)
+			}
+			id, v, err := des.decode(ctx, rec.Value)
+			if err != nil || id != ss.ID || !reflect.DeepEqual(v, map[string]any{"string": p}) {
+				t.Fatalf("id %d (registered %d), %#v, %v; want the payload text", id, ss.ID, v, err)
+			}
+		}
+		if vs, err := cl.SubjectVersions(ctx, subject); err != nil || len(vs) != 1 {
+			t.Fatalf("versions of %s: %v (%v); want one", subject, vs, err)
+		}
+	})
+
+	t.Run("an expanded payload registers its record", func(t *testing.T) {
+		aggType := "Expanded" + suffix
+		r := router(func(c *Config) { c.ExpandJSONPayload = true })
+		rec, err := r.Route(ctx, row(aggType, `{"id": 7, "name": "Jane", "tags": ["a", "b"], "price": 1.5}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss, err := cl.SchemaByVersion(ctx, "outbox.event."+aggType+"-value", -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("registered: %s", ss.Schema.Schema)
+		_, v, err := des.decode(ctx, rec.Value)
+		want := map[string]any{"payload": map[string]any{
+			"id":    map[string]any{"int": int32(7)},
+			"name":  map[string]any{"string": "Jane"},
+			"tags":  map[string]any{"array": []any{map[string]any{"string": "a"}, map[string]any{"string": "b"}}},
+			"price": map[string]any{"double": 1.5},
+		}}
+		if err != nil || !reflect.DeepEqual(v, want) {
+			t.Fatalf("decoded %#v, %v\nwant %#v", v, err, want)
+		}
+	})
+
+	t.Run("an incompatible subject stops the event until its level changes", func(t *testing.T) {
+		aggType := "Incompatible" + suffix
+		subject := "outbox.event." + aggType + "-value"
+		if _, err := cl.CreateSchema(ctx, subject, sr.Schema{Type: sr.TypeAvro, Schema: `{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}`}); err != nil {
+			t.Fatal(err)
+		}
+		if res := cl.SetCompatibility(ctx, sr.SetCompatibility{Level: sr.CompatBackward}, subject); res[0].Err != nil {
+			t.Fatal(res[0].Err)
+		}
+		r := router(nil)
+		for i := 0; i < 2; i++ {
+			_, err := r.Route(ctx, row(aggType, orderPayload))
+			if ClassOf(err) != ClassSchemaRejected || !IsRetryable(err) || !strings.Contains(err.Error(), "incompatible") {
+				t.Fatalf("attempt %d: %v (class %q); want a retryable ClassSchemaRejected saying incompatible", i, err, ClassOf(err))
+			}
+			t.Logf("refused: %v", err)
+		}
+		if res := cl.SetCompatibility(ctx, sr.SetCompatibility{Level: sr.CompatNone}, subject); res[0].Err != nil {
+			t.Fatal(res[0].Err)
+		}
+		rec, err := r.Route(ctx, row(aggType, orderPayload))
+		if err != nil {
+			t.Fatalf("after the level changed: %v", err)
+		}
+		if _, v, err := des.decode(ctx, rec.Value); err != nil || !reflect.DeepEqual(v, map[string]any{"string": orderPayload}) {
+			t.Fatalf("decoded %#v, %v", v, err)
+		}
 	})
 }
 

@@ -106,6 +106,9 @@ type Consumer struct {
 	recs []*kgo.Record
 	ids  map[string]int
 	done chan struct{}
+	// Decode, when set, turns a record's value into the payload text
+	// Verify compares (an Avro value, say); nil compares the bytes.
+	Decode func([]byte) (string, error)
 }
 
 // StartConsumer consumes topics (read_committed) until the test ends.
@@ -232,7 +235,14 @@ func (c *Consumer) Verify(t testing.TB, want []Event) int {
 		if string(r.Key) != e.AggID {
 			fail("event %s: key %q, want %q", id, r.Key, e.AggID)
 		}
-		if got := string(r.Value); got != e.Payload {
+		got := string(r.Value)
+		if c.Decode != nil {
+			var err error
+			if got, err = c.Decode(r.Value); err != nil {
+				fail("event %s: value %x: %v", id, r.Value, err)
+			}
+		}
+		if got != e.Payload {
 			fail("event %s: value %s, want %s", id, got, e.Payload)
 		}
 		k := e.AggType + "/" + e.AggID

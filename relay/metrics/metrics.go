@@ -51,6 +51,10 @@ type Metrics struct {
 	ExactlyOnceSkipped prometheus.Counter
 	// ExactlyOnceSkippedLast is that count for the last session start.
 	ExactlyOnceSkippedLast prometheus.Gauge
+	// RouteRetries counts routing attempts that failed for the schema
+	// registry's sake and wait to be tried again, by class
+	// (registry-unavailable, schema-rejected): the line waits meanwhile.
+	RouteRetries *prometheus.CounterVec
 	// outbox_connector_leader is a gauge function the relay registers
 	// (computed at scrape time from the lease, see relay.New).
 }
@@ -131,6 +135,10 @@ func New() *Metrics {
 			Name: "outbox_connector_exactly_once_skipped_events_last_session",
 			Help: "Events skipped as already in Kafka by the current (or last) session, since it started.",
 		}),
+		RouteRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_route_retries_total",
+			Help: "Routing attempts that failed for the schema registry's sake and are tried again after a backoff, the line waiting meanwhile, by class (registry-unavailable: it did not answer; schema-rejected: it refused the event's schema, which only an operator changes).",
+		}, []string{"class"}),
 		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_snapshot_events_total",
 			Help: "Rows published by initial snapshots.",
@@ -139,7 +147,7 @@ func New() *Metrics {
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
 		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit,
 		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss,
-		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast)
+		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast, m.RouteRetries)
 	return m
 }
 

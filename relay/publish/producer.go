@@ -273,6 +273,7 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 				}
 			}
 			wait := backoff.NextBackOff()
+			p.metrics.RouteRetries.WithLabelValues(string(class)).Inc()
 			if class == route.ClassSchemaRejected {
 				// Not the registry's outage: its answer, which only an
 				// operator changes. The line waits; say so loudly.

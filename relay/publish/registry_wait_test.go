@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
@@ -26,11 +27,12 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 		status   int
 		pipeline bool
 		logged   string
+		class    route.ErrorClass
 	}{
-		{"registry down", http.StatusServiceUnavailable, false, "routing needs the schema registry, which failed; retrying"},
-		{"registry down, pipelined", http.StatusServiceUnavailable, true, "routing needs the schema registry, which failed; retrying"},
-		{"schema refused as incompatible", http.StatusConflict, false, "the schema registry refused the event's schema"},
-		{"schema refused as incompatible, pipelined", http.StatusConflict, true, "the schema registry refused the event's schema"},
+		{"registry down", http.StatusServiceUnavailable, false, "routing needs the schema registry, which failed; retrying", route.ClassRegistry},
+		{"registry down, pipelined", http.StatusServiceUnavailable, true, "routing needs the schema registry, which failed; retrying", route.ClassRegistry},
+		{"schema refused as incompatible", http.StatusConflict, false, "the schema registry refused the event's schema", route.ClassSchemaRejected},
+		{"schema refused as incompatible, pipelined", http.StatusConflict, true, "the schema registry refused the event's schema", route.ClassSchemaRejected},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, brokers := fakeKafka(t, kfake.NumBrokers(1))
@@ -106,6 +108,13 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 			}
 			if n := db.count(); n != 0 {
 				t.Fatalf("%d dead letters in the table; want none", n)
+			}
+			var m dto.Metric
+			if err := s.m.RouteRetries.WithLabelValues(string(tc.class)).Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			if n := m.GetCounter().GetValue(); n < 2 {
+				t.Fatalf("outbox_connector_route_retries_total{class=%q} %v after half a second of retries; want at least 2", tc.class, n)
 			}
 			if !strings.Contains(s.log.String(), tc.logged) {
 				t.Fatalf("log lacks %q:\n%s", tc.logged, s.log.String())
