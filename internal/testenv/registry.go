@@ -91,3 +91,19 @@ func getOK(ctx context.Context, cl *http.Client, url string) error {
 	}
 	return nil
 }
+
+// PythonClients returns the python of a virtual environment holding the
+// outside clients (confluent-kafka with its Avro deserializer), installed
+// by scripts/pyclients.sh into the cache on first use. One that cannot be
+// installed is Unavailable (a failure in CI).
+func PythonClients(t testing.TB) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(RepoRoot(), "scripts", "pyclients.sh"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		Unavailable(t, "install confluent-kafka for Python (scripts/pyclients.sh): %v\n%s", err, tailString(stderr.String(), 4000))
+	}
+	return strings.TrimSpace(string(out))
+}
