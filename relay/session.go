@@ -398,6 +398,8 @@ func (r *Relay) streamSlot(stop *stopper, c *conns, pool *pgxpool.Pool, tr *trac
 		// The columns a former partition must have: those the router
 		// reads, not today's column set, which may have changed since.
 		RoutingColumns: wal.RoutingColumns(r.router.Config()),
+		// NOT NULL and defaults, for the schemas Debezium writes.
+		ColumnInfo: wal.ColumnInfoOf(pool),
 		Counters: wal.Counters{
 			Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
 			Refused: r.metrics.Refused.Inc,

@@ -61,6 +61,16 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 		r.log.Warn("the initial snapshot orders rows by "+order+": an aggregate's events written by transactions that began in another order than they committed may be published out of order. "+
 			"Add a column filled at insert from a sequence (sql/variants/outbox_snapshot_order.sql) or set track_commit_timestamp = on", "table", r.schema+"."+r.table)
 	}
+	// What the catalog says of the columns (NOT NULL, defaults), in the
+	// snapshot, as the stream reads it for its relations.
+	var relID uint32
+	if err := s.tx.QueryRow(ctx, "SELECT $1::regclass::oid", pgx.Identifier{r.schema, r.table}.Sanitize()).Scan(&relID); err != nil {
+		return fmt.Errorf("find the outbox table %s.%s for the initial snapshot: %w", r.schema, r.table, err)
+	}
+	infos, err := wal.ColumnInfoOf(s.tx)(ctx, relID)
+	if err != nil {
+		return fmt.Errorf("initial snapshot of %s.%s: %w", r.schema, r.table, err)
+	}
 	q := fmt.Sprintf("SELECT * FROM %s ORDER BY %s", pgx.Identifier{r.schema, r.table}.Sanitize(), order)
 	// The simple protocol returns every value in text format, as pgoutput
 	// does, so snapshot rows route exactly like streamed ones.
@@ -80,6 +90,7 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 			// RowDescription carries the column's atttypmod, as pgoutput's
 			// Relation message does.
 			c.Name, c.Type, c.TypeMod, c.HasTypeMod = f.Name, f.DataTypeOID, f.TypeModifier, true
+			c.Info = infos[f.Name]
 			if raw[i] == nil {
 				c.Null = true
 			} else {

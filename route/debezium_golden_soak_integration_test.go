@@ -102,6 +102,10 @@ var dbzGoldenSets = []dbzGoldenSet{
 		"debezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" + dbzTopic +
 		dbzT + "table.fields.additional.placement=type:header:eventType\n", cases: []string{"51"}},
 	{name: "topic_replacement_suffix", props: dbzStr + dbzT + "route.topic.replacement=${routedByValue}.events.{{u}}\n", cases: []string{"08"}},
+	// sql/001_outbox.sql's created_at (NOT NULL DEFAULT now()) in a
+	// header: the schema is required and carries Debezium's placeholder
+	// for a generated default.
+	{name: "timestamptz_header_default", golden: true, props: dbzStr + dbzTopic + dbzT + "table.fields.additional.placement=created_at:header:createdAt\n", cases: []string{"52"}},
 }
 
 // TestDebeziumServerGolden (make soak) runs a real Debezium Server 3.6.1 with
@@ -172,15 +176,32 @@ func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres
 		var defs []string
 		for _, col := range cc.c.Row.Columns {
 			def := pgx.Identifier{*col[0]}.Sanitize() + " " + *col[1]
-			// The router takes RequiredColumns as NOT NULL (pgoutput
-			// does not say); Debezium reads it from the catalog.
-			if col[2] != nil && slices.Contains(cfg.RequiredColumns, *col[0]) {
+			// Without what the catalog says (the case's info, which the
+			// connector reads), the router takes RequiredColumns as NOT
+			// NULL; Debezium reads it from the catalog.
+			if info, ok := cc.c.Row.Info[*col[0]]; ok {
+				def += " " + info.DDL
+			} else if col[2] != nil && slices.Contains(cfg.RequiredColumns, *col[0]) {
 				def += " NOT NULL"
 			}
 			defs = append(defs, def)
 		}
 		if _, err := conn.Exec(ctx, "CREATE TABLE "+cc.table+" ("+strings.Join(defs, ", ")+")"); err != nil {
 			t.Fatal(err)
+		}
+		// The case's info is what the catalog holds, as the connector
+		// reads it (pg_get_expr's text, not the DDL's).
+		for name, info := range cc.c.Row.Info {
+			var notNull bool
+			var def *string
+			if err := conn.QueryRow(ctx, `SELECT a.attnotnull, pg_get_expr(d.adbin, d.adrelid) FROM pg_attribute a
+				LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+				WHERE a.attrelid = $1::regclass AND a.attname = $2`, cc.table, name).Scan(&notNull, &def); err != nil {
+				t.Fatalf("case %s: column %s: %v", id, name, err)
+			}
+			if notNull != info.NotNull || (def == nil) != (info.Default == nil) || def != nil && *def != *info.Default {
+				t.Fatalf("case %s: column %s: the catalog says NOT NULL %v, default %v; the case says %v, %v", id, name, notNull, deref(def), info.NotNull, deref(info.Default))
+			}
 		}
 		tables = append(tables, "public."+cc.table)
 		cases = append(cases, cc)
@@ -408,6 +429,13 @@ func compareRecords(dbz, ours *kgo.Record) []string {
 		d = append(d, fmt.Sprintf("ours sets timestamp %v; Debezium Server's sink sets none", ours.Timestamp))
 	}
 	return d
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<none>"
+	}
+	return *s
 }
 
 func quoteNil(b []byte) string {

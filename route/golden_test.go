@@ -21,17 +21,12 @@ import (
 // Debezium, or the case misreads Debezium and needs a new citation.
 
 type goldenCase struct {
-	Name       string   `json:"name"`
-	Sources    []string `json:"sources"`
-	Note       string   `json:"note"`
-	Properties string   `json:"properties"`
-	Row        struct {
-		Op          string       `json:"op"`
-		Table       string       `json:"table"`
-		ProcessedMS int64        `json:"processed_ms"`
-		Columns     [][3]*string `json:"columns"`
-	} `json:"row"`
-	Expect *struct {
+	Name       string    `json:"name"`
+	Sources    []string  `json:"sources"`
+	Note       string    `json:"note"`
+	Properties string    `json:"properties"`
+	Row        goldenRow `json:"row"`
+	Expect     *struct {
 		Topic       string       `json:"topic"`
 		Key         *string      `json:"key"`
 		Value       *string      `json:"value"`
@@ -43,6 +38,23 @@ type goldenCase struct {
 	Error *struct {
 		Class ErrorClass `json:"class"`
 	} `json:"error"`
+}
+
+// goldenRow is a case's row: columns as [name, type, text value or null],
+// and what the catalog says of some (NOT NULL, default), which a real
+// table of the soak test is created with (ddl) and the connector reads.
+type goldenRow struct {
+	Op          string                      `json:"op"`
+	Table       string                      `json:"table"`
+	ProcessedMS int64                       `json:"processed_ms"`
+	Columns     [][3]*string                `json:"columns"`
+	Info        map[string]goldenColumnInfo `json:"info,omitempty"`
+}
+
+type goldenColumnInfo struct {
+	NotNull bool    `json:"not_null"`
+	Default *string `json:"default"` // pg_get_expr's text, as the catalog holds it
+	DDL     string  `json:"ddl"`     // the column constraint that makes it so
 }
 
 var typeOIDs = map[string]uint32{
@@ -116,6 +128,12 @@ func (c *goldenCase) row(t testing.TB) *Row {
 		// A golden row is a real table's (the soak test creates it from
 		// these types), so the declaration is known, as pgoutput sends it.
 		cc := Column{Name: *col[0], Type: oid, TypeMod: typmod, HasTypeMod: true}
+		if info, ok := c.Row.Info[*col[0]]; ok {
+			cc.Info = &ColumnInfo{NotNull: info.NotNull}
+			if info.Default != nil {
+				cc.Info.Default, cc.Info.HasDefault = *info.Default, true
+			}
+		}
 		if col[2] == nil {
 			cc.Null = true
 		} else {

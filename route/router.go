@@ -190,7 +190,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	// expansion; the default path does without.
 	var ps *connect.Schema
 	if cfg.ValueFormat != FormatString || r.envelope || cfg.ExpandJSONPayload {
-		ps = colSchema(payloadCol, !r.required[payloadCol.Name], &pv)
+		ps = r.schemaOf(payloadCol, &pv)
 	}
 	exp := expand.Kept
 	if cfg.ExpandJSONPayload && pv.Kind == connect.KindStr {
@@ -258,7 +258,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 				// SchemaBuilder refuses a duplicate field name.
 				return nil, topic, errorf(ClassInvalidPayload, nil, "Cannot create field because of field name duplication %s", f.Alias)
 			}
-			envSchema.Fields = append(envSchema.Fields, connect.Field{Name: f.Alias, Schema: colSchema(c, !r.required[c.Name], &v)})
+			envSchema.Fields = append(envSchema.Fields, connect.Field{Name: f.Alias, Schema: r.schemaOf(c, &v)})
 			envVal.List = append(envVal.List, v)
 		}
 	}
@@ -353,10 +353,10 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 		key.off = len(buf)
 		switch cfg.KeyFormat {
 		case FormatJSON:
-			buf = connect.AppendValueJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
+			buf = connect.AppendValueJSON(buf, r.schemaOf(kc, &kv), &kv)
 			key.null = false
 		case FormatJSONSchema:
-			buf = connect.AppendEnvelopeJSON(buf, colSchema(kc, !r.required[kc.Name], &kv), &kv)
+			buf = connect.AppendEnvelopeJSON(buf, r.schemaOf(kc, &kv), &kv)
 			key.null = false
 		default:
 			if kv.Kind != connect.KindNull {
@@ -444,7 +444,7 @@ var stringSchemaRequired = &connect.Schema{Type: connect.TypeString}
 func (r *Router) addHeader(hdrs []hdrSpan, buf []byte, key string, c *Column, s *connect.Schema, v *connect.Value) ([]hdrSpan, []byte, error) {
 	sp := span{off: len(buf)}
 	if s == nil && r.cfg.HeaderFormat != FormatString {
-		s = colSchema(c, !r.required[c.Name], v)
+		s = r.schemaOf(c, v)
 	}
 	switch r.cfg.HeaderFormat {
 	case FormatJSON:
@@ -572,6 +572,21 @@ func (r *Router) newAvro(ctx context.Context) (*avro.Encoder, error) {
 		Subject: r.cfg.AvroSubject, Schemas: files,
 		AutoRegister: r.cfg.AvroAutoRegister, UseLatest: r.cfg.AvroUseLatestVersion, LatestStrict: r.cfg.AvroLatestCompatibilityStrict,
 	})
+}
+
+// schemaOf is the schema Debezium gives column c holding v: required as the
+// catalog says (Column.Info), else as RequiredColumns says; with the
+// column's default, as Debezium reads it from the default expression.
+func (r *Router) schemaOf(c *Column, v *connect.Value) *connect.Schema {
+	optional := !r.required[c.Name]
+	if c.Info != nil {
+		optional = !c.Info.NotNull
+	}
+	s := colSchema(c, optional, v)
+	if c.Info != nil && c.Info.HasDefault {
+		s = c.Info.withDefault(c, s)
+	}
+	return s
 }
 
 // avroError is the Avro encoder's error as a routing error: the registry's

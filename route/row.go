@@ -79,6 +79,9 @@ type Column struct {
 	HasTypeMod bool
 	Null       bool
 	Value      []byte
+	// Info is what the catalog says of the column (NOT NULL, default),
+	// shared by the rows of one relation; nil when unknown.
+	Info *ColumnInfo
 }
 
 // NoTypeMod is the TypeMod of a column declared without a modifier.

@@ -11,9 +11,11 @@ import (
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
-// Querier is what OutboxPartitionOf needs of a pool or a connection.
+// Querier is what OutboxPartitionOf and ColumnInfoOf need of a pool or a
+// connection.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // queryOutboxPartition asks whether relation $1 has the outbox table

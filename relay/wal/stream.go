@@ -107,6 +107,11 @@ type Stream struct {
 	// since the insert was written, so its exact column set is not asked.
 	// Nil: those of route.DefaultConfig.
 	RoutingColumns []string
+	// ColumnInfo reads what the catalog says of a relation's columns (NOT
+	// NULL, defaults: ColumnInfoOf), once per Relation message, before
+	// its first insert is handed on; the rows carry it (route.Column.Info)
+	// so that their schemas are Debezium's. Nil: never asked.
+	ColumnInfo func(ctx context.Context, relID uint32) (map[string]*route.ColumnInfo, error)
 
 	rels          map[uint32]*relation
 	cols          []TupleColumn
@@ -130,6 +135,9 @@ type relation struct {
 	// asked; partition is the first's answer, lookalike whether a relation
 	// that is not a partition has the outbox's routing columns.
 	checked, partition, lookalike bool
+	// info is ColumnInfo's answer by column, once infoRead.
+	info     []*route.ColumnInfo
+	infoRead bool
 }
 
 var outboxPrefix = []byte("outbox")
@@ -339,6 +347,9 @@ func (s *Stream) handleMessage(ctx context.Context, lsn uint64, b []byte) error 
 		if s.txn == nil {
 			return fmt.Errorf("%w: insert outside a transaction", ErrMalformed)
 		}
+		if err := s.columnInfo(ctx, rel); err != nil {
+			return err
+		}
 		row, err := s.row(rel, cols, lsn)
 		if err != nil {
 			return err
@@ -483,6 +494,9 @@ func (s *Stream) row(rel *relation, cols []TupleColumn, lsn uint64) (*route.Row,
 		rc.Name = rel.Columns[i].Name
 		rc.Type = rel.Columns[i].Type
 		rc.TypeMod, rc.HasTypeMod = rel.Columns[i].TypeMod, true
+		if rel.info != nil {
+			rc.Info = rel.info[i]
+		}
 		switch c.Kind {
 		case 'n', 'u':
 			rc.Null = true

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/pgoutbox/pgoutbox/route/connect"
 )
@@ -53,14 +54,22 @@ func (d *deriver) schema(dst []byte, s *connect.Schema, ns string) ([]byte, erro
 	top := d.depth == 0
 	d.depth++
 	defer func() { d.depth-- }()
-	if s.Optional {
+	// maybeMakeOptional: null first, unless the schema has a default,
+	// which an Avro union's default must match: then null second.
+	switch {
+	case s.Optional && s.Default != nil:
+		dst = append(dst, '[')
+	case s.Optional:
 		dst = append(dst, `["null",`...)
 	}
 	var err error
 	if dst, err = d.base(dst, s, ns, top); err != nil {
 		return dst, err
 	}
-	if s.Optional {
+	switch {
+	case s.Optional && s.Default != nil:
+		dst = append(dst, `,"null"]`...)
+	case s.Optional:
 		dst = append(dst, ']')
 	}
 	return dst, nil
@@ -102,10 +111,10 @@ func (d *deriver) base(dst []byte, s *connect.Schema, ns string, top bool) ([]by
 	}
 	decimal := s.Type == connect.TypeBytes && s.HasName && s.Name == connect.DecimalSchemaName
 	if !decimal && connectType == "" && !s.HasName && !s.HasVersion && s.Doc == "" && len(s.Params) == 0 {
-		return appendJSONString(dst, prim), nil
+		return appendSchemaString(dst, prim), nil
 	}
 	dst = append(dst, `{"type":`...)
-	dst = appendJSONString(dst, prim)
+	dst = appendSchemaString(dst, prim)
 	if decimal {
 		scale, precision := 0, decimalPrecisionDefault
 		for _, p := range s.Params {
@@ -125,17 +134,30 @@ func (d *deriver) base(dst []byte, s *connect.Schema, ns string, top bool) ([]by
 		dst = strconv.AppendInt(dst, int64(precision), 10)
 	}
 	dst = d.props(dst, s, connectType)
-	if decimal {
+	switch {
+	case decimal:
 		dst = append(dst, `,"logicalType":"decimal"`...)
+	case s.HasName && logicalTypes[s.Name] != "" && (s.Type == connect.TypeInt32 || s.Type == connect.TypeInt64):
+		// AvroData adds Avro's logical type after the connect.* ones.
+		dst = append(dst, `,"logicalType":`...)
+		dst = appendSchemaString(dst, logicalTypes[s.Name])
 	}
 	return append(dst, '}'), nil
+}
+
+// logicalTypes are the Avro logical types AvroData gives Kafka Connect's
+// own logical schemas (Decimal aside).
+var logicalTypes = map[string]string{
+	"org.apache.kafka.connect.data.Date":      "date",
+	"org.apache.kafka.connect.data.Time":      "time-millis",
+	"org.apache.kafka.connect.data.Timestamp": "timestamp-millis",
 }
 
 // props writes the connect.* properties AvroData adds, in its order.
 func (d *deriver) props(dst []byte, s *connect.Schema, connectType string) []byte {
 	if s.Doc != "" {
 		dst = append(dst, `,"connect.doc":`...)
-		dst = appendJSONString(dst, s.Doc)
+		dst = appendSchemaString(dst, s.Doc)
 	}
 	if s.HasVersion {
 		dst = append(dst, `,"connect.version":`...)
@@ -147,19 +169,23 @@ func (d *deriver) props(dst []byte, s *connect.Schema, connectType string) []byt
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendJSONString(dst, p[0])
+			dst = appendSchemaString(dst, p[0])
 			dst = append(dst, ':')
-			dst = appendJSONString(dst, p[1])
+			dst = appendSchemaString(dst, p[1])
 		}
 		dst = append(dst, '}')
 	}
+	if s.Default != nil {
+		dst = append(dst, `,"connect.default":`...)
+		dst = appendDefault(dst, s, s.Default)
+	}
 	if s.HasName {
 		dst = append(dst, `,"connect.name":`...)
-		dst = appendJSONString(dst, s.Name)
+		dst = appendSchemaString(dst, s.Name)
 	}
 	if connectType != "" {
 		dst = append(dst, `,"connect.type":`...)
-		dst = appendJSONString(dst, connectType)
+		dst = appendSchemaString(dst, connectType)
 	}
 	return dst
 }
@@ -173,7 +199,7 @@ func (d *deriver) record(dst []byte, s *connect.Schema, ns string, top bool) ([]
 			if r.space == ns && r.space != "" {
 				name = r.full[len(r.space)+1:]
 			}
-			return appendJSONString(dst, name), nil
+			return appendSchemaString(dst, name), nil
 		}
 	}
 	space, name := connectNamespace, connectDefaultName
@@ -208,10 +234,10 @@ func (d *deriver) record(dst []byte, s *connect.Schema, ns string, top bool) ([]
 	}
 	d.records = append(d.records, seenRecord{s: s, space: space, full: full})
 	dst = append(dst, `{"type":"record","name":`...)
-	dst = appendJSONString(dst, name)
+	dst = appendSchemaString(dst, name)
 	if space != ns {
 		dst = append(dst, `,"namespace":`...)
-		dst = appendJSONString(dst, space)
+		dst = appendSchemaString(dst, space)
 	}
 	dst = append(dst, `,"fields":[`...)
 	for i, f := range s.Fields {
@@ -222,13 +248,17 @@ func (d *deriver) record(dst []byte, s *connect.Schema, ns string, top bool) ([]
 			dst = append(dst, ',')
 		}
 		dst = append(dst, `{"name":`...)
-		dst = appendJSONString(dst, f.Name)
+		dst = appendSchemaString(dst, f.Name)
 		dst = append(dst, `,"type":`...)
 		var err error
 		if dst, err = d.schema(dst, f.Schema, space); err != nil {
 			return dst, err
 		}
-		if f.Schema.Optional {
+		switch {
+		case f.Schema.Default != nil:
+			dst = append(dst, `,"default":`...)
+			dst = appendDefault(dst, f.Schema, f.Schema.Default)
+		case f.Schema.Optional:
 			dst = append(dst, `,"default":null`...)
 		}
 		dst = append(dst, '}')
@@ -259,4 +289,88 @@ func validName(n string) error {
 		return fmt.Errorf("%q is not a valid Avro name (letters, digits and _, not beginning with a digit)", n)
 	}
 	return nil
+}
+
+// appendDefault writes a default value as AvroData.defaultValueFromConnect
+// makes it (and Avro prints it): numbers as Java prints them, bytes (a
+// Decimal's unscaled value included) as a string of one character per byte.
+func appendDefault(dst []byte, s *connect.Schema, v *connect.Value) []byte {
+	switch v.Kind {
+	case connect.KindNull:
+		return append(dst, "null"...)
+	case connect.KindStr:
+		return appendSchemaString(dst, string(v.Bytes))
+	case connect.KindBool:
+		return strconv.AppendBool(dst, v.Int != 0)
+	case connect.KindI16, connect.KindI32, connect.KindI64:
+		return strconv.AppendInt(dst, v.Int, 10)
+	case connect.KindF32:
+		return connect.AppendJavaDouble(dst, v.Float, 32)
+	case connect.KindF64:
+		return connect.AppendJavaDouble(dst, v.Float, 64)
+	case connect.KindBytes:
+		return appendLatin1(dst, v.Bytes)
+	case connect.KindDec:
+		return appendLatin1(dst, connect.TwosComplement(&v.Dec.Unscaled))
+	case connect.KindStruct:
+		dst = append(dst, '{')
+		for i := range v.List {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendSchemaString(dst, s.Fields[i].Name)
+			dst = append(dst, ':')
+			dst = appendDefault(dst, s.Fields[i].Schema, &v.List[i])
+		}
+		return append(dst, '}')
+	case connect.KindList:
+		dst = append(dst, '[')
+		for i := range v.List {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendDefault(dst, s.Items, &v.List[i])
+		}
+		return append(dst, ']')
+	}
+	return append(dst, "null"...)
+}
+
+// appendLatin1 writes bytes as the string new String(b, ISO_8859_1) is.
+func appendLatin1(dst []byte, b []byte) []byte {
+	r := make([]rune, len(b))
+	for i, c := range b {
+		r[i] = rune(c)
+	}
+	return appendSchemaString(dst, string(r))
+}
+
+// appendSchemaString writes a string as Avro's Schema.toString does (Jackson
+// writing to a Writer): '"', '\\' and control characters escaped (\uXXXX in
+// upper case, or \b \t \n \f \r), every other character as it is, one
+// beyond the Basic Multilingual Plane included.
+func appendSchemaString(dst []byte, s string) []byte {
+	const hexUpper = "0123456789ABCDEF"
+	dst = append(dst, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			dst = append(dst, '\\', byte(r))
+		case r == '\b':
+			dst = append(dst, '\\', 'b')
+		case r == '\t':
+			dst = append(dst, '\\', 't')
+		case r == '\n':
+			dst = append(dst, '\\', 'n')
+		case r == '\f':
+			dst = append(dst, '\\', 'f')
+		case r == '\r':
+			dst = append(dst, '\\', 'r')
+		case r < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hexUpper[r>>4], hexUpper[r&0xF])
+		default:
+			dst = utf8.AppendRune(dst, r)
+		}
+	}
+	return append(dst, '"')
 }

@@ -56,6 +56,9 @@ type Schema struct {
 	Params     [][2]string
 	Fields     []Field // TypeStruct
 	Items      *Schema // TypeArray
+	// Default is the schema's default value (Debezium's, from the
+	// column's default expression), nil for none.
+	Default *Value
 }
 
 type Field struct {
@@ -91,7 +94,8 @@ func (s *Schema) Equal(o *Schema) bool {
 	}
 	if s.Type != o.Type || s.Optional != o.Optional || s.HasName != o.HasName || s.Name != o.Name ||
 		s.HasVersion != o.HasVersion || s.Version != o.Version || s.Doc != o.Doc || len(s.Params) != len(o.Params) ||
-		len(s.Fields) != len(o.Fields) || !s.Items.Equal(o.Items) {
+		len(s.Fields) != len(o.Fields) || !s.Items.Equal(o.Items) || (s.Default == nil) != (o.Default == nil) ||
+		s.Default != nil && !s.Default.Equal(o.Default) {
 		return false
 	}
 	for i := range s.Params {
@@ -101,6 +105,22 @@ func (s *Schema) Equal(o *Schema) bool {
 	}
 	for i := range s.Fields {
 		if s.Fields[i].Name != o.Fields[i].Name || !s.Fields[i].Schema.Equal(o.Fields[i].Schema) {
+			return false
+		}
+	}
+	return true
+}
+
+// Equal is Object.equals of the two values (a BigDecimal's scale counts).
+func (v *Value) Equal(o *Value) bool {
+	if v.Kind != o.Kind || string(v.Bytes) != string(o.Bytes) || v.Int != o.Int || v.Float != o.Float || len(v.List) != len(o.List) {
+		return false
+	}
+	if (v.Dec == nil) != (o.Dec == nil) || v.Dec != nil && (v.Dec.Scale != o.Dec.Scale || v.Dec.Unscaled.Cmp(&o.Dec.Unscaled) != 0) {
+		return false
+	}
+	for i := range v.List {
+		if !v.List[i].Equal(&o.List[i]) {
 			return false
 		}
 	}
@@ -184,6 +204,11 @@ func AppendSchemaJSON(dst []byte, s *Schema, field string, isField bool) []byte 
 			dst = AppendJSONStr(dst, p[1])
 		}
 		dst = append(dst, '}')
+	}
+	if s.Default != nil {
+		// After the parameters, as JsonConverter.asJsonSchema puts it.
+		dst = append(dst, `,"default":`...)
+		dst = AppendValueJSON(dst, s, s.Default)
 	}
 	if isField {
 		dst = append(dst, `,"field":`...)
