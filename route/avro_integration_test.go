@@ -280,17 +280,19 @@ func TestAvroRealRegistry(t *testing.T) {
 		}
 	})
 
-	t.Run("poison is ClassSchema", func(t *testing.T) {
+	t.Run("poison is ClassSchema, a subject without a version waits", func(t *testing.T) {
 		_, err := r.Route(ctx, row("1", `{"id": "one"}`))
 		var re *Error
 		if !errors.As(err, &re) || re.Class != ClassSchema || re.Err == nil || IsRetryable(err) {
 			t.Fatalf("non-conforming payload: %v", err)
 		}
 		t.Logf("non-conforming payload: %v", err)
+		// A subject with no version to use is the registry's state, not
+		// the row's: the row waits for one, never a dead letter.
 		rw := orderRow(`{}`)
 		rw.Columns[1].Value = []byte("Unregistered" + suffix)
 		_, err = r.Route(ctx, rw)
-		if ClassOf(err) != ClassSchema || IsRetryable(err) {
+		if ClassOf(err) != ClassSchemaRejected || !IsRetryable(err) {
 			t.Fatalf("subject without a schema at a real registry: %v (class %q)", err, ClassOf(err))
 		}
 		t.Logf("subject without a schema: %v", err)
