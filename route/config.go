@@ -166,6 +166,12 @@ type Config struct {
 	HeaderFormat Format
 	// Runtime is the Debezium runtime to reproduce (default RuntimeConnect).
 	Runtime Runtime
+	// ExtendedHeaders adds the four context headers Debezium 3 puts on
+	// every record (extended.headers.enabled, Debezium's default true; ours
+	// false): __debezium.context.connectorLogicalName (TopicPrefix),
+	// .taskId ("0"), .connectorName ("postgresql") and .runId (a UUID per
+	// router, as Debezium's is per task start), before the others.
+	ExtendedHeaders bool
 	// TopicPrefix is Debezium's topic.prefix (default "outbox"); it names the
 	// envelope schema ("<prefix>.<schema>.<table>.<routedByValue>.Value").
 	TopicPrefix string

@@ -135,6 +135,8 @@ var options = func() []option {
 	add(opt("HeaderFormat", "header.converter", "route-header-format", "header encoding: string (Kafka Connect), json or json-schema (Debezium Server's default)", g, s))
 	g, s = enum(func(c *Config) *Runtime { return &c.Runtime }, RuntimeConnect, RuntimeServer)
 	add(opt("Runtime", "", "route-runtime", "Debezium runtime to reproduce: connect or server (no partition, no timestamp)", g, s))
+	g, s = boolean(func(c *Config) *bool { return &c.ExtendedHeaders })
+	add(opt("ExtendedHeaders", "extended.headers.enabled", "route-extended-headers", "add Debezium 3's four __debezium.context.* headers (connector name, task, run id) to every record", g, s))
 	g, s = str(func(c *Config) *string { return &c.TopicPrefix })
 	add(opt("TopicPrefix", "topic.prefix", "route-topic-prefix", "Debezium's topic.prefix, used in envelope schema names", g, s))
 	g, s = list(func(c *Config) *[]string { return &c.RequiredColumns })
@@ -315,7 +317,7 @@ func (c *Config) applyProperties(r io.Reader) error {
 	var errs []error
 	byDebezium := map[string]option{}
 	for _, o := range options {
-		if o.debezium != "" && !strings.Contains(o.debezium, "converter") && o.debezium != "topic.prefix" {
+		if o.debezium != "" && !strings.Contains(o.debezium, "converter") && o.debezium != "topic.prefix" && o.debezium != "extended.headers.enabled" {
 			byDebezium[o.debezium] = o
 		}
 	}
@@ -342,6 +344,16 @@ func (c *Config) applyProperties(r io.Reader) error {
 		c.TopicPrefix = strings.TrimSpace(v)
 	} else if v, ok := all["debezium.source.topic.prefix"]; ok {
 		c.TopicPrefix = strings.TrimSpace(v)
+	}
+	// A connector option, not the router's: Kafka Connect's name, or
+	// Debezium Server's.
+	for _, k := range []string{"extended.headers.enabled", "debezium.source.extended.headers.enabled"} {
+		if v, ok := all[k]; ok {
+			_, set := boolean(func(c *Config) *bool { return &c.ExtendedHeaders })
+			if err := set(c, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", k, err))
+			}
+		}
 	}
 	if err := c.applyConverters(all, server); err != nil {
 		errs = append(errs, err)

@@ -202,3 +202,67 @@ func TestParsePropertiesServerEscape(t *testing.T) {
 		t.Fatalf("Kafka Connect file with $${: %v; want Java's illegal group reference", err)
 	}
 }
+
+// TestExtendedHeaders: extended.headers.enabled (Kafka Connect's name or
+// Debezium Server's) adds Debezium 3's four context headers before the
+// others, encoded by the header converter, one run id per router.
+func TestExtendedHeaders(t *testing.T) {
+	for _, props := range []string{
+		"transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\nextended.headers.enabled=true\n",
+		"debezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\ndebezium.source.extended.headers.enabled=true\ndebezium.source.topic.prefix=shop\n",
+	} {
+		cfg, err := ParseProperties(strings.NewReader(props))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !cfg.ExtendedHeaders {
+			t.Fatalf("%s: ExtendedHeaders off", props)
+		}
+		r, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runID string
+		for i := 0; i < 2; i++ {
+			rec, err := r.Route(context.Background(), orderRow(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rec.Headers) < 5 {
+				t.Fatalf("headers %s", fmtHeaders(rec.Headers))
+			}
+			want := []string{"__debezium.context.connectorLogicalName", "__debezium.context.taskId", "__debezium.context.connectorName", "__debezium.context.runId", "id"}
+			for k, key := range want {
+				if rec.Headers[k].Key != key {
+					t.Fatalf("header %d %q, want %q (%s)", k, rec.Headers[k].Key, key, fmtHeaders(rec.Headers))
+				}
+			}
+			prefix, vals := `"outbox"`, []string{"", "0", "postgresql"}
+			if cfg.Runtime == RuntimeServer {
+				prefix = `{"schema":{"type":"string","optional":false},"payload":"shop"}`
+				if string(rec.Headers[0].Value) != prefix || string(rec.Headers[2].Value) != `{"schema":{"type":"string","optional":false},"payload":"postgresql"}` {
+					t.Fatalf("headers %s", fmtHeaders(rec.Headers))
+				}
+			} else if string(rec.Headers[0].Value) != "outbox" || string(rec.Headers[1].Value) != vals[1] || string(rec.Headers[2].Value) != vals[2] {
+				t.Fatalf("headers %s", fmtHeaders(rec.Headers))
+			}
+			if i == 1 && string(rec.Headers[3].Value) != runID {
+				t.Fatalf("run id %s, then %s: one per router", runID, rec.Headers[3].Value)
+			}
+			runID = string(rec.Headers[3].Value)
+		}
+		if !strings.Contains(runID, "-") {
+			t.Fatalf("run id %q", runID)
+		}
+	}
+	r, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := r.Route(context.Background(), orderRow(`{}`))
+	for _, h := range rec.Headers {
+		if strings.HasPrefix(h.Key, "__debezium") {
+			t.Fatalf("a context header by default: %s", fmtHeaders(rec.Headers))
+		}
+	}
+}

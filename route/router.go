@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/pgoutbox/pgoutbox/route/avro"
 	"github.com/pgoutbox/pgoutbox/route/connect"
 	"github.com/pgoutbox/pgoutbox/route/expand"
@@ -23,7 +25,14 @@ type Router struct {
 	x        expand.Expander
 	avro     *avro.Encoder
 	now      func() time.Time
+	// context is the values of Debezium's context headers
+	// (ExtendedHeaders): logical name, task, connector, run id.
+	context [4]connect.Value
 }
+
+// contextHeaders are the keys of Debezium's context headers, in its order
+// (DebeziumHeaderProducer).
+var contextHeaders = [4]string{"__debezium.context.connectorLogicalName", "__debezium.context.taskId", "__debezium.context.connectorName", "__debezium.context.runId"}
 
 // New validates cfg and returns a router. With ValueFormat avro it registers
 // the configured schemas, without a deadline; use NewContext to bound that.
@@ -53,6 +62,9 @@ func NewContext(ctx context.Context, cfg Config) (*Router, error) {
 	}
 	for _, c := range cfg.RequiredColumns {
 		r.required[c] = true
+	}
+	for i, v := range []string{cfg.TopicPrefix, "0", "postgresql", uuid.NewString()} {
+		r.context[i] = connect.Value{Kind: connect.KindStr, Bytes: []byte(v)}
 	}
 	for _, f := range cfg.AdditionalFields {
 		if f.Placement == PlaceEnvelope {
@@ -145,8 +157,18 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	var hdrStore [4]hdrSpan
 	hdrs := hdrStore[:0]
 
-	// Tracing first: Debezium's ActivateTracingSpan runs before the router
-	// adds "id", so its headers come first.
+	// Debezium's context headers are on the change event before any
+	// transformation: first.
+	if cfg.ExtendedHeaders {
+		for i, key := range contextHeaders {
+			var err error
+			if hdrs, buf, err = r.addHeader(hdrs, buf, key, nil, stringSchemaRequired, &r.context[i]); err != nil {
+				return nil, topic, err
+			}
+		}
+	}
+	// Tracing next: Debezium's ActivateTracingSpan runs before the router
+	// adds "id", so its headers come before it.
 	if cfg.Tracing {
 		if c := row.Lookup(cfg.TracingSpanContextField); c != nil && !c.Null && isStringKind(kindOf(c.Type)) {
 			if tp, ts, ok := traceContext(c.Value); ok {
