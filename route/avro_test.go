@@ -460,3 +460,27 @@ func TestAvroRegistrySettings(t *testing.T) {
 		}
 	})
 }
+
+// TestExpandBrokenIsPoison: with table.expand.json.payload, a payload whose
+// values do not fit the schema inferred from it (an integer beyond 64
+// bits, a top-level array), which stops Debezium Server, is a dead letter
+// for the JSON and Avro value formats, never a wedge.
+func TestExpandBrokenIsPoison(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	for _, f := range []Format{FormatJSON, FormatJSONSchema, FormatAvro} {
+		cfg := DefaultConfig()
+		cfg.ExpandJSONPayload = true
+		cfg.ValueFormat = f
+		cfg.RegistryURLs = []string{reg.URL()}
+		r, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{`{"n": 123456789012345678901234567890}`, `[1, 2]`} {
+			if _, err := r.Route(context.Background(), orderRow(p)); ClassOf(err) != ClassInvalidPayload {
+				t.Errorf("%s %s: %v (class %q); want invalid-payload", f, p, err, ClassOf(err))
+			}
+		}
+	}
+}
