@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
@@ -24,7 +26,7 @@ import (
 // option set adds its debezium.format.* and debezium.transforms.* lines.
 const dbzGoldenSource = `debezium.sink.kafka.producer.bootstrap.servers={{brokers}}
 debezium.sink.kafka.producer.key.serializer=org.apache.kafka.common.serialization.StringSerializer
-debezium.sink.kafka.producer.value.serializer=org.apache.kafka.common.serialization.StringSerializer
+debezium.sink.kafka.producer.value.serializer={{value_serializer}}
 debezium.sink.kafka.producer.max.block.ms=20000
 debezium.source.connector.class=io.debezium.connector.postgresql.PostgresConnector
 debezium.source.offset.storage.file.filename={{dir}}/data/offsets.dat
@@ -63,11 +65,18 @@ type dbzGoldenSet struct {
 	// contextHeaders turns the router's extended headers on and compares
 	// Debezium's __debezium.context.* headers too (the run ids aside).
 	contextHeaders bool
+	// avro writes Avro values against the run's registry (the router
+	// through its Confluent API).
+	avro bool
 }
 
 const (
-	dbzStr   = "debezium.sink.type=kafka\ndebezium.format.key=simplestring\ndebezium.format.value=simplestring\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
-	dbzJSON  = "debezium.sink.type=kafka\ndebezium.format.key=simplestring\ndebezium.format.value=json\ndebezium.format.value.schemas.enable=false\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+	dbzStr  = "debezium.sink.type=kafka\ndebezium.format.key=simplestring\ndebezium.format.value=simplestring\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+	dbzJSON = "debezium.sink.type=kafka\ndebezium.format.key=simplestring\ndebezium.format.value=json\ndebezium.format.value.schemas.enable=false\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+	dbzAvro = "debezium.sink.type=kafka\ndebezium.sink.kafka.producer.value.serializer=org.apache.kafka.common.serialization.ByteArraySerializer\n" +
+		"debezium.format.key=simplestring\ndebezium.format.value=avro\ndebezium.format.value.apicurio.registry.url={{registry_v3}}\n" +
+		"debezium.format.value.apicurio.registry.auto-register=true\n" +
+		"debezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
 	dbzT     = "debezium.transforms.outbox."
 	dbzTopic = dbzT + "route.topic.replacement={{u}}.outbox.event.${routedByValue}\n"
 )
@@ -113,6 +122,13 @@ var dbzGoldenSets = []dbzGoldenSet{
 	// extended.headers.enabled (ours is off by default), compared but for
 	// the run id's UUID.
 	{name: "context_headers", props: dbzStr + dbzTopic, cases: []string{"01"}, contextHeaders: true},
+	// Avro values: Debezium Server's converter for debezium.format.value=avro
+	// with an Apicurio registry is Apicurio's (Confluent's is not in its
+	// distribution), writing Confluent's wire format by the content id; it
+	// needs Apache Avro, which bench/debezium/install.sh adds. An expanded
+	// payload differs as apicurioStructValue says.
+	{name: "avro_apicurio", avro: true, props: dbzAvro + dbzTopic, cases: []string{"01", "02", "42"}},
+	{name: "avro_apicurio_expand", avro: true, props: dbzAvro + dbzTopic + dbzT + "table.expand.json.payload=true\n", cases: []string{"20", "23", "27"}},
 	{name: "timestamptz_header_default", golden: true, props: dbzStr + dbzTopic + dbzT + "table.fields.additional.placement=created_at:header:createdAt\n", cases: []string{"52"}},
 }
 
@@ -129,11 +145,12 @@ func TestDebeziumServerGolden(t *testing.T) {
 	dbz := testenv.InstallDebeziumServer(t)
 	pg := testenv.StartPostgres(t, testenv.PGOptions{})
 	brokers := testenv.SharedKafka(t)
+	registry := testenv.StartRegistry(t)
 	u := "gold" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	for i, set := range dbzGoldenSets {
 		t.Run(set.name, func(t *testing.T) {
 			t.Parallel()
-			runGoldenSet(t, dbz, pg, brokers, u, i, set)
+			runGoldenSet(t, dbz, pg, brokers, registry, u, i, set)
 		})
 	}
 }
@@ -147,13 +164,17 @@ type capturedCase struct {
 	err   error       // the router's error
 }
 
-func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres, brokers, u string, i int, set dbzGoldenSet) {
+func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres, brokers, registry, u string, i int, set dbzGoldenSet) {
 	ctx := context.Background()
 	tok := fmt.Sprintf("%s-%d", u, i) // the set's own topics
 	// One file for both, written for Debezium Server: Quarkus would expand
 	// ${routedByValue} as a configuration expression (to nothing); $${ is
 	// its escape for a literal ${, and the router reads it so too.
-	props := strings.ReplaceAll(strings.ReplaceAll(set.props, "{{u}}", tok), "${", "$${")
+	// The registry: its Confluent API for the router, its own (v3) for
+	// Apicurio's converter, which Debezium Server ships.
+	native := strings.Replace(registry, "/apis/ccompat/v7", "/apis/registry/v3", 1)
+	props := strings.NewReplacer("{{u}}", tok, "{{registry_v3}}", native, "{{registry}}", registry).Replace(set.props)
+	props = strings.ReplaceAll(props, "${", "$${")
 	cfg, err := ParseProperties(strings.NewReader(props))
 	if err != nil {
 		t.Fatalf("properties: %v", err)
@@ -166,6 +187,9 @@ func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres
 	}
 	if set.contextHeaders {
 		cfg.ExtendedHeaders = true
+	}
+	if set.avro {
+		cfg.ValueFormat, cfg.RegistryURLs = FormatAvro, []string{registry}
 	}
 	r, err := New(cfg)
 	if err != nil {
@@ -218,7 +242,11 @@ func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres
 		cases = append(cases, cc)
 	}
 
-	run := dbz.Start(t, dbzGoldenSource+props,
+	serializer := "org.apache.kafka.common.serialization.StringSerializer"
+	if set.avro {
+		serializer = "org.apache.kafka.common.serialization.ByteArraySerializer"
+	}
+	run := dbz.Start(t, strings.ReplaceAll(dbzGoldenSource, "{{value_serializer}}", serializer)+props,
 		"{{brokers}}", brokers, "{{port}}", strconv.Itoa(pg.Port), "{{slot}}", slot, "{{tables}}", strings.Join(tables, ","))
 	logPath, exited := run.LogPath, run.Exited
 	logTail := func() string {
@@ -396,6 +424,12 @@ func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres
 					cc.err, rec.Topic, quoteNil(rec.Key), quoteNil(rec.Value), fmtHeaders(rec.Headers))
 			}
 			diffs := compareRecords(rec, cc.want)
+			if set.avro && len(diffs) == 1 && strings.HasPrefix(diffs[0], "value") && apicurioStructValue(t, registry, rec.Value, cc.want.Value) {
+				// The one difference Apicurio's converter makes: see
+				// apicurioStructValue.
+				t.Logf("router matches Debezium Server (Apicurio's converter) but for the top-level union Confluent's AvroConverter writes for an optional struct: ours %q, Debezium Server's %q", cc.want.Value, rec.Value)
+				return
+			}
 			for _, d := range diffs {
 				t.Errorf("router vs Debezium Server: %s", d)
 			}
@@ -433,6 +467,30 @@ func runGoldenSet(t *testing.T, dbz testenv.DebeziumServer, pg *testenv.Postgres
 const runIDHeader = "__debezium.context.runId"
 
 var runIDPattern = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// apicurioStructValue reports whether Debezium Server's Avro value differs
+// from ours only as Apicurio's converter, which Debezium Server ships, differs
+// from Confluent's AvroConverter, which the router reproduces: for an
+// optional struct (an expanded payload), Confluent's registers the optional
+// union ["null", record] that AvroData.fromConnectSchema derives and writes
+// the union's branch index first; Apicurio's registers the record the datum
+// carries, and writes no index. So its schema must be our union's record
+// branch, and its datum ours without the leading index 1 (zigzag 0x02).
+func apicurioStructValue(t *testing.T, registry string, dbz, ours []byte) bool {
+	if len(dbz) < 5 || len(ours) < 6 || ours[5] != 0x02 || string(dbz[5:]) != string(ours[6:]) {
+		return false
+	}
+	cl, err := sr.NewClient(sr.URLs(registry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err1 := cl.SchemaByID(context.Background(), int(binary.BigEndian.Uint32(dbz[1:5])))
+	mine, err2 := cl.SchemaByID(context.Background(), int(binary.BigEndian.Uint32(ours[1:5])))
+	if err1 != nil || err2 != nil {
+		t.Fatalf("schemas by id: %v, %v", err1, err2)
+	}
+	return `["null",`+theirs.Schema+`]` == mine.Schema
+}
 
 // compareRecords lists how Debezium Server's record differs from ours.
 func compareRecords(dbz, ours *kgo.Record) []string {
