@@ -348,11 +348,12 @@ func TestAvroAutoRegister(t *testing.T) {
 func TestAvroRegistrySettings(t *testing.T) {
 	ctx := context.Background()
 	expanded := `{"id": 1, "name": "x"}`
-	t.Run("RecordNameStrategy names the subject after the expanded payload's record", func(t *testing.T) {
+	envelope := []AdditionalField{{Column: "type", Placement: PlaceEnvelope, Alias: "eventType"}}
+	t.Run("RecordNameStrategy names the subject after the envelope's record", func(t *testing.T) {
 		reg := srfake.New()
 		defer reg.Close()
 		r := avroRouter(t, reg, func(c *Config) {
-			c.AvroSchemas, c.ExpandJSONPayload, c.AvroSubject = nil, true, "${record}"
+			c.AvroSchemas, c.AdditionalFields, c.AvroSubject = nil, envelope, "${record}"
 		})
 		if _, err := r.Route(ctx, orderRow(expanded)); err != nil {
 			t.Fatal(err)
@@ -367,7 +368,7 @@ func TestAvroRegistrySettings(t *testing.T) {
 		reg := srfake.New()
 		defer reg.Close()
 		r := avroRouter(t, reg, func(c *Config) {
-			c.AvroSchemas, c.ExpandJSONPayload, c.AvroSubject = nil, true, "${topic}-${record}"
+			c.AvroSchemas, c.AdditionalFields, c.AvroSubject = nil, envelope, "${topic}-${record}"
 		})
 		if _, err := r.Route(ctx, orderRow(expanded)); err != nil {
 			t.Fatal(err)
@@ -378,13 +379,15 @@ func TestAvroRegistrySettings(t *testing.T) {
 			t.Fatalf("subjects %v; want outbox.event.Order-<record name>", subjects)
 		}
 	})
-	t.Run("RecordNameStrategy refuses a string payload", func(t *testing.T) {
+	t.Run("RecordNameStrategy refuses a string payload and an optional record", func(t *testing.T) {
 		reg := srfake.New()
 		defer reg.Close()
-		r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas, c.AvroSubject = nil, "${record}" })
-		_, err := r.Route(ctx, orderRow(orderPayload))
-		if ClassOf(err) != ClassSchemaRejected || !strings.Contains(err.Error(), "TopicNameStrategy") {
-			t.Fatalf("%v (class %q); want ClassSchemaRejected naming what to do", err, ClassOf(err))
+		for _, expand := range []bool{false, true} {
+			r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas, c.AvroSubject, c.ExpandJSONPayload = nil, "${record}", expand })
+			_, err := r.Route(ctx, orderRow(expanded))
+			if ClassOf(err) != ClassSchemaRejected || !strings.Contains(err.Error(), "TopicNameStrategy") {
+				t.Fatalf("expand %v: %v (class %q); want ClassSchemaRejected naming what to do", expand, err, ClassOf(err))
+			}
 		}
 	})
 	t.Run("auto.register.schemas=false waits for the schema to be registered", func(t *testing.T) {

@@ -129,6 +129,8 @@ var dbzGoldenSets = []dbzGoldenSet{
 	// payload differs as apicurioStructValue says.
 	{name: "avro_apicurio", avro: true, props: dbzAvro + dbzTopic, cases: []string{"01", "02", "42"}},
 	{name: "avro_apicurio_expand", avro: true, props: dbzAvro + dbzTopic + dbzT + "table.expand.json.payload=true\n", cases: []string{"20", "23", "27"}},
+	// A NULL in a column with a default: JsonConverter writes the default.
+	{name: "null_column_default", golden: true, props: dbzStr + dbzTopic + dbzT + "table.fields.additional.placement=channel:header,retries:header\n", cases: []string{"53"}},
 	{name: "timestamptz_header_default", golden: true, props: dbzStr + dbzTopic + dbzT + "table.fields.additional.placement=created_at:header:createdAt\n", cases: []string{"52"}},
 }
 

@@ -185,8 +185,9 @@ func (e *Encoder) schemaFor(ctx context.Context, topic string, vs *connect.Schem
 	if strings.Contains(subject, "${record}") {
 		if name == "" {
 			// Confluent's RecordNameStrategy fails such a value too.
-			return nil, subject, &Error{Rejected: true, Msg: fmt.Sprintf("the subject name strategy %q needs a record schema, and the value's schema is %s: "+
-				"use TopicNameStrategy (OUTBOX_ROUTE_AVRO_SUBJECT=${topic}-value) or expand the JSON payload into a record (table.expand.json.payload=true)", e.subject, text)}
+			return nil, subject, &Error{Rejected: true, Msg: fmt.Sprintf("the subject name strategy %q needs a record schema, and the value's schema is %s "+
+				"(an optional one, as an expanded payload, is a union: Confluent's RecordNameStrategy refuses it too): "+
+				"use TopicNameStrategy (OUTBOX_ROUTE_AVRO_SUBJECT=${topic}-value) or place a field in the envelope, which makes the value a record", e.subject, text)}
 		}
 		subject = strings.ReplaceAll(subject, "${record}", name)
 	}
@@ -251,6 +252,45 @@ func (e *Encoder) schemaFor(ctx context.Context, topic string, vs *connect.Schem
 	}
 	e.mu.Unlock()
 	return s, subject, nil
+}
+
+// fieldNode is the schema of record n's field name, nil when n is no
+// record or has no such field.
+func fieldNode(n *node, name string) *node {
+	if n == nil || n.kind != "record" {
+		return nil
+	}
+	for _, f := range n.fields {
+		if f.name == name {
+			return f.n
+		}
+	}
+	return nil
+}
+
+// takesText reports whether a JSON text goes into schema n as a string: n
+// is a string, or a union with a string and nothing a JSON object or array
+// could be read into.
+func takesText(n *node) bool {
+	if n == nil {
+		return false
+	}
+	switch n.kind {
+	case "string":
+		return true
+	case "union":
+		text := false
+		for _, m := range n.members {
+			switch m.kind {
+			case "string":
+				text = true
+			case "record", "map", "array":
+				return false
+			}
+		}
+		return text
+	}
+	return false
 }
 
 // registryError is a registry's error: refused (a 4xx answer about the
@@ -353,7 +393,11 @@ func (e *Encoder) Encode(ctx context.Context, buf []byte, topic string, payloadJ
 				text = connect.AppendJSONStr(text, f.Name)
 				text = append(text, ':')
 				if i == 0 {
-					text = appendAvroJSON(text, payloadJSON, envSchema.Fields[0].Schema, &envVal.List[0])
+					// The payload's JSON as JSON for a schema that reads it
+					// (a record registered by hand), as a string for one
+					// that takes text (Debezium's io.debezium.data.Json).
+					raw := payloadJSON && !takesText(fieldNode(s.root, f.Name))
+					text = appendAvroJSON(text, raw, envSchema.Fields[0].Schema, &envVal.List[0])
 				} else {
 					text = appendAvroJSON(text, false, f.Schema, &envVal.List[i])
 				}
@@ -419,6 +463,11 @@ func appendAvroJSON(dst []byte, jsonText bool, s *connect.Schema, v *connect.Val
 			dst = appendAvroJSON(dst, false, s.Items, &v.List[i])
 		}
 		return append(dst, ']')
+	}
+	if v.Kind == connect.KindNull && s != nil && s.Default != nil {
+		// Struct.get gives a field's default for null (AvroData reads the
+		// value through it).
+		return appendAvroJSON(dst, jsonText, s, s.Default)
 	}
 	return connect.AppendValueJSON(dst, nil, v)
 }

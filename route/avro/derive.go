@@ -63,7 +63,10 @@ func (d *deriver) schema(dst []byte, s *connect.Schema, ns string) ([]byte, erro
 		dst = append(dst, `["null",`...)
 	}
 	var err error
-	if dst, err = d.base(dst, s, ns, top); err != nil {
+	// Only a record is named for the record subject strategies: an
+	// optional one is a union, which has no name (Confluent's AvroSchema.name
+	// is null for it, and RecordNameStrategy refuses the value).
+	if dst, err = d.base(dst, s, ns, top && !s.Optional); err != nil {
 		return dst, err
 	}
 	switch {
@@ -110,7 +113,7 @@ func (d *deriver) base(dst []byte, s *connect.Schema, ns string, top bool) ([]by
 		return dst, fmt.Errorf("no Avro schema for the Connect type %s", s.Type)
 	}
 	decimal := s.Type == connect.TypeBytes && s.HasName && s.Name == connect.DecimalSchemaName
-	if !decimal && connectType == "" && !s.HasName && !s.HasVersion && s.Doc == "" && len(s.Params) == 0 {
+	if !decimal && connectType == "" && !s.HasName && !s.HasVersion && s.Doc == "" && len(s.Params) == 0 && s.Default == nil {
 		return appendSchemaString(dst, prim), nil
 	}
 	dst = append(dst, `{"type":`...)

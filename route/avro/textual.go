@@ -62,7 +62,22 @@ func parseSchema(text string) (*node, error) {
 		return nil, err
 	}
 	p := &schemaParser{named: map[string]*node{}}
-	return p.parse(v, "")
+	return p.parse(v, names{})
+}
+
+// names are the enclosing namespace as Avro has it and as goavro has it:
+// goavro takes an explicit empty namespace ("namespace": "", which Avro's
+// Schema.toString prints for a record of no namespace inside one of a
+// namespace, as an expanded payload in an envelope) for none, and keeps the
+// enclosing one; its union branches are named by its full names.
+type names struct{ avro, goavro string }
+
+// namespaceOf is the namespace of a full name.
+func namespaceOf(full string) string {
+	if i := strings.LastIndexByte(full, '.'); i >= 0 {
+		return full[:i]
+	}
+	return ""
 }
 
 func fullName(name, namespace string) string {
@@ -72,13 +87,13 @@ func fullName(name, namespace string) string {
 	return namespace + "." + name
 }
 
-func (p *schemaParser) parse(v any, ns string) (*node, error) {
+func (p *schemaParser) parse(v any, ns names) (*node, error) {
 	switch s := v.(type) {
 	case string:
 		if primitives[s] {
 			return &node{kind: s, branch: s}, nil
 		}
-		if n := p.named[fullName(s, ns)]; n != nil {
+		if n := p.named[fullName(s, ns.avro)]; n != nil {
 			return n, nil
 		}
 		if n := p.named[s]; n != nil {
@@ -101,7 +116,7 @@ func (p *schemaParser) parse(v any, ns string) (*node, error) {
 	return nil, fmt.Errorf("a schema is a string, an array or an object, not %T", v)
 }
 
-func (p *schemaParser) parseMap(m map[string]any, ns string) (*node, error) {
+func (p *schemaParser) parseMap(m map[string]any, ns names) (*node, error) {
 	t, ok := m["type"].(string)
 	if !ok {
 		// {"type": {...}} or {"type": [...]}: the inner schema.
@@ -110,17 +125,16 @@ func (p *schemaParser) parseMap(m map[string]any, ns string) (*node, error) {
 	lt, _ := m["logicalType"].(string)
 	name, _ := m["name"].(string)
 	if space, ok := m["namespace"].(string); ok && !strings.Contains(name, ".") {
-		ns = space
+		ns.avro = space
+		if space != "" {
+			ns.goavro = space
+		}
 	}
 	switch t {
 	case "record", "error", "enum", "fixed":
-		full := fullName(name, ns)
-		if i := strings.LastIndexByte(full, '.'); i >= 0 {
-			ns = full[:i]
-		} else {
-			ns = ""
-		}
-		n := &node{kind: t, logical: lt, name: full, branch: full}
+		full, gfull := fullName(name, ns.avro), fullName(name, ns.goavro)
+		ns.avro, ns.goavro = namespaceOf(full), namespaceOf(gfull)
+		n := &node{kind: t, logical: lt, name: full, branch: gfull}
 		if t == "error" {
 			n.kind = "record"
 		}
@@ -169,7 +183,7 @@ func (p *schemaParser) parseMap(m map[string]any, ns string) (*node, error) {
 	if lt != "" && goavroLogical[t+"."+lt] {
 		n.branch = t + "." + lt
 		if t == "bytes" && lt == "decimal" && name != "" {
-			n.branch = fullName(name, ns)
+			n.branch = fullName(name, ns.goavro)
 		}
 	}
 	return n, nil

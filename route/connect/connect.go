@@ -222,6 +222,11 @@ func AppendSchemaJSON(dst []byte, s *Schema, field string, isField bool) []byte 
 func AppendValueJSON(dst []byte, s *Schema, v *Value) []byte {
 	switch v.Kind {
 	case KindNull:
+		if s != nil && s.Default != nil {
+			// JsonConverter's replace.null.with.default (default true),
+			// and Struct.get, which gives a field's default for null.
+			return AppendValueJSON(dst, s, s.Default)
+		}
 		return append(dst, "null"...)
 	case KindStr:
 		return AppendJSONString(dst, v.Bytes)
