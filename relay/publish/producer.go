@@ -261,13 +261,15 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 		case class.Fatal():
 			return &fatal.Error{Msg: "the router refused a row (table.op.invalid.behavior=fatal)", Err: err}
 		case class.Retryable():
-			if p.cfg.Transactional && p.txn.open {
+			if p.cfg.Transactional && (p.txn.open || p.txn.pending != nil) {
 				// The events before this one are routed and sent: commit
 				// them before waiting, so that they reach consumers now
 				// and no transaction stays open for as long as the
 				// registry is out (the broker would abort it at its
 				// timeout, and the session would end). The position it
-				// carries counts them, not this one.
+				// carries counts them, not this one. A pipelined commit
+				// in flight is settled too (commit does it first): its
+				// records acked, or its failure seen, now.
 				if err := p.commit(ctx); err != nil {
 					return err
 				}

@@ -122,3 +122,59 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 		})
 	}
 }
+
+// TestRegistryWaitSettlesCommitInFlight: pipelined, a commit in flight when
+// an event starts waiting for the registry is settled before the wait, so
+// its records, committed in Kafka, are acked (and confirmed to PostgreSQL)
+// and a failure of it is seen at once, not after the outage. Found by the
+// review of the wait; it failed before (transaction 200 not acked).
+func TestRegistryWaitSettlesCommitInFlight(t *testing.T) {
+	_, brokers := fakeKafka(t, kfake.NumBrokers(1))
+	reg := srfake.New()
+	t.Cleanup(reg.Close)
+	var refuse, refused atomic.Bool
+	aggType := "reg" + uniq()
+	late := aggType + "Late"
+	reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		if !refuse.Load() || !strings.Contains(r.URL.Path, late) {
+			return false
+		}
+		refused.Store(true)
+		w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error_code":50003,"message":"injected"}`))
+		return true
+	})
+	rcfg := route.DefaultConfig()
+	rcfg.ValueFormat = route.FormatAvro
+	rcfg.RegistryURLs = []string{reg.URL()}
+	router, err := route.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSession(t, brokers, Config{Transactional: true, TxnInterval: time.Hour, TxnMaxRecords: 1000, TopicCreate: true, DLQTopic: "dlq." + aggType},
+		sessionOpts{router: router, db: newFakeDeadLetters(), pipeline: true}).start()
+	s.send(100, eventRow("id", "e1", aggType, "a", `{"n":1}`, 90, 100))
+	if !s.waitAcked(100, 10*time.Second) {
+		t.Fatal("100 not acked")
+	}
+	refuse.Store(true)
+	s.send(200, eventRow("id", "e2", aggType, "a", `{"n":2}`, 190, 200))
+	s.send(300, eventRow("id", "e4", late, "b", `{"n":4}`, 290, 300))
+	deadline := time.Now().Add(10 * time.Second)
+	for !refused.Load() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := ids(committed(t, brokers, "outbox.event."+aggType)); strings.Join(got, ",") != "e1,e2" {
+		t.Fatalf("committed: %v", got)
+	}
+	ok := s.waitAcked(200, 3*time.Second)
+	refuse.Store(false)
+	if !ok {
+		t.Errorf("e2 is committed in Kafka but transaction 200 is not acked after 3 s of registry wait (acked %d): the pipelined commit in flight is not settled while an event waits", s.tr.Acked())
+	}
+	s.waitAcked(300, 20*time.Second)
+	if err := s.close(); err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+}
