@@ -181,4 +181,3 @@ func sameJSONExact(t testing.TB, a, b []byte) bool {
 	}
 	return same(parse(a), parse(b))
 }
-

@@ -206,12 +206,39 @@ func (r *Relay) LastError() string {
 // the last acked LSN) and then releases the lease, so that a standby takes
 // over at once. Run returns nil then, or a fatal error.
 func (r *Relay) Run(ctx context.Context) error {
-	pool, err := pgxpool.New(ctx, r.cfg.PGDSN)
+	pool, err := openPool(ctx, r.cfg.PGDSN)
 	if err != nil {
 		return &fatal.Error{Msg: "OUTBOX_PG_DSN", Err: config.Redact(err, r.cfg.PGDSN)}
 	}
 	defer pool.Close()
 	return r.elector.Run(ctx, func(ctx context.Context, t *lease.Term) error { return r.leadTerm(ctx, t, pool) })
+}
+
+// openPool opens the connector's pool of normal connections (dead letters,
+// the state row, the lease, catalog lookups), whose commits are durable
+// whatever the database or role sets: a dead letter stored in the table is
+// done, and the exactly-once position in Kafka then counts it, so a replay
+// skips it; with synchronous_commit off, a crash could lose an insert the
+// position already covers, and the event would be nowhere. A stricter
+// setting (remote_write, remote_apply) is kept.
+func openPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		var sc string
+		if err := c.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
+			return fmt.Errorf("read synchronous_commit: %w", err)
+		}
+		if sc == "off" {
+			if _, err := c.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+				return fmt.Errorf("set synchronous_commit = on: %w", err)
+			}
+		}
+		return nil
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // leadTerm streams during one term, reconnecting after transient failures.
