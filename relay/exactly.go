@@ -95,6 +95,12 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 		r.log.Info("the offsets topic's position for the slot is of an earlier history; ignoring it", "position", pos.String(), "epoch", st.OffsetsEpoch)
 		return o, nil
 	default:
+		// Nothing says whether a Kafka transaction of this history ever
+		// committed: none did yet (a crash before the first one), or the
+		// topic lost them before the state row recorded one (it records
+		// them at most a status interval late). Said, not silent.
+		r.log.Warn("the offsets topic holds no position for the slot's exactly-once history, and the state row recorded none: either no Kafka transaction of it committed yet, or the topic lost them (deleted or emptied within a few seconds of the first); what the slot replays is published, again if it was before",
+			"topic", topic, "epoch", st.OffsetsEpoch, "confirmed", wal.FormatLSN(st.Confirmed))
 		return o, nil
 	}
 	if lost == "" && pos.Timeline != sys.Timeline {

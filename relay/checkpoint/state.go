@@ -118,11 +118,15 @@ const resetStateFenced = fenceCTE + `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
 SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, now() FROM fence` + resetSet
 
-const setStateExact = `UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn, updated_at = now() WHERE slot_name = $1`
+// setStateExact also records the newest exactly-once position Kafka
+// committed ($3, within the row's history: offsets_lsn only grows).
+const setStateExact = `UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn,
+    offsets_lsn = CASE WHEN $3::pg_lsn IS NULL THEN offsets_lsn ELSE GREATEST(offsets_lsn, $3::pg_lsn) END, updated_at = now() WHERE slot_name = $1`
 
 const setStateExactFenced = `
-UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn, updated_at = now()
-WHERE slot_name = $1 AND EXISTS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $3::bigint FOR SHARE)`
+UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn,
+    offsets_lsn = CASE WHEN $3::pg_lsn IS NULL THEN offsets_lsn ELSE GREATEST(offsets_lsn, $3::pg_lsn) END, updated_at = now()
+WHERE slot_name = $1 AND EXISTS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $4::bigint FOR SHARE)`
 
 // Execer runs a statement (a *pgx.Conn, a pgx.Tx).
 type Execer interface {
@@ -150,7 +154,12 @@ func write(ctx context.Context, conn Execer, f Fence, plain, fenced string, args
 // SetStateExact records exactly st.Confirmed, which may be below the recorded
 // promise: at a graceful stop the promise shrinks to what was confirmed.
 func SetStateExact(ctx context.Context, conn Execer, st State, f Fence) error {
-	if err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, wal.FormatLSN(st.Confirmed)); err != nil {
+	var olsn *string
+	if st.OffsetsLSN != 0 {
+		l := wal.FormatLSN(st.OffsetsLSN)
+		olsn = &l
+	}
+	if err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, wal.FormatLSN(st.Confirmed), olsn); err != nil {
 		return fmt.Errorf("record final position %s for slot %q: %w", wal.FormatLSN(st.Confirmed), st.Slot, err)
 	}
 	return nil

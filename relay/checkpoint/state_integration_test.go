@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
+	"github.com/pgoutbox/pgoutbox/relay/tracker"
 )
 
 // TestStateWritesFencedByLease: a state write fenced with a token the lease
@@ -46,5 +47,45 @@ func TestStateWritesFencedByLease(t *testing.T) {
 	}
 	if got, _, err := LoadState(ctx, conn, "s1"); err != nil || got.Confirmed != 500 {
 		t.Errorf("state after the current leader's write: %+v, %v; want confirmed 500", got, err)
+	}
+}
+
+// TestWriterRecordsKafkaPosition: the newest exactly-once position Kafka
+// committed reaches the state row even while the confirmed position does
+// not move (one PostgreSQL transaction spanning Kafka transactions), and
+// with the final write of a graceful stop; so an offsets topic that loses
+// it is seen at the next start, not taken for a history that never
+// committed one. Found by the review of issue 16: both writes left
+// offsets_lsn behind.
+func TestWriterRecordsKafkaPosition(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	if _, err := conn.Exec(ctx, `INSERT INTO public.outbox_lease (slot_name, holder, token, expires_at) VALUES ('s1', 'a', 1, now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	st := State{Slot: "s1", SystemID: "x", Confirmed: 0x1000, OffsetsEpoch: 7}
+	if err := SaveState(ctx, conn, st, Fence{Token: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tr := tracker.New(0x1000)
+	w := NewWriter(conn, st, tr, &lease.Term{Token: 1}, nil, func(uint64) {})
+	// Kafka committed a position inside a transaction the tracker has not
+	// acked: the confirmed position stays.
+	w.KafkaCommitted(0x5000)
+	if err := w.Write(ctx, tr.Acked(), false); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := LoadState(ctx, conn, "s1")
+	if err != nil || got.OffsetsLSN != 0x5000 || got.OffsetsEpoch != 7 {
+		t.Fatalf("after Kafka committed 0/5000 with nothing acked: %+v, %v; want offsets_lsn 0/5000, epoch 7", got, err)
+	}
+	// The final write of a graceful stop records the newest too.
+	w.KafkaCommitted(0x6000)
+	if err := w.Write(ctx, 0x1000, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err = LoadState(ctx, conn, "s1"); err != nil || got.OffsetsLSN != 0x6000 || got.Confirmed != 0x1000 {
+		t.Fatalf("after the final write: %+v, %v; want offsets_lsn 0/6000, confirmed 0/1000", got, err)
 	}
 }

@@ -45,13 +45,15 @@ type Writer struct {
 	// offsets is the commit LSN of the newest exactly-once position Kafka
 	// committed, recorded with the next write (State.OffsetsLSN).
 	offsets atomic.Uint64
-	faults  fault.Hook
+	// recorded is the OffsetsLSN last written, under mu.
+	recorded uint64
+	faults   fault.Hook
 }
 
 // NewWriter returns the writer of st (the row as prepared for this
 // session) on conn, for the positions tr acks, fenced by term.
 func NewWriter(conn *pgx.Conn, st State, tr *tracker.Tracker, term *lease.Term, faults fault.Hook, onAck func(uint64)) *Writer {
-	w := &Writer{conn: conn, st: st, tracker: tr, term: term, faults: faults, onAck: onAck}
+	w := &Writer{conn: conn, st: st, tracker: tr, term: term, faults: faults, onAck: onAck, recorded: st.OffsetsLSN}
 	w.durable.Store(st.Confirmed)
 	return w
 }
@@ -120,21 +122,35 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := w.st
+	st.OffsetsLSN = max(st.OffsetsLSN, w.recorded, w.offsets.Load())
 	if final {
 		st.Confirmed = target
 		if err := SetStateExact(ctx, w.conn, st, Fence{Token: w.term.Token}); err != nil {
 			return err
 		}
+		w.recorded = st.OffsetsLSN
 		w.durable.Store(target)
 		w.onAck(target)
 		return nil
 	}
 	if target <= w.durable.Load() {
+		if st.OffsetsLSN > w.recorded {
+			// Kafka committed positions while the confirmed one did not
+			// move (one PostgreSQL transaction spanning Kafka
+			// transactions, a slow ack): record them all the same, so
+			// that an offsets topic that loses them is seen at start,
+			// not taken for a history that never committed one. At most
+			// once per interval (Run).
+			st.Confirmed = w.durable.Load()
+			if err := SaveState(ctx, w.conn, st, Fence{Token: w.term.Token}); err != nil {
+				return err
+			}
+			w.recorded = st.OffsetsLSN
+		}
 		w.onAck(target)
 		return nil
 	}
 	st.Confirmed = target + promiseHeadroom
-	st.OffsetsLSN = max(st.OffsetsLSN, w.offsets.Load())
 	if err := w.faults.At(fault.BeforePromise); err != nil {
 		return err
 	}
@@ -144,6 +160,7 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 	if err := w.faults.At(fault.AfterPromise); err != nil {
 		return err
 	}
+	w.recorded = st.OffsetsLSN
 	w.durable.Store(st.Confirmed)
 	w.onAck(target)
 	return nil
