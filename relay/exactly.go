@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
@@ -45,6 +46,9 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 		if errors.As(err, &me) || errors.As(err, &ne) {
 			return nil, &fatal.Error{Msg: "the exactly-once offsets topic", Err: err}
 		}
+		if refused(err) {
+			return nil, &fatal.Error{Msg: fmt.Sprintf("Kafka refused the connector the exactly-once offsets topic %q: grant it CREATE (or create the topic: one partition, cleanup.policy=compact), DESCRIBE_CONFIGS, READ and WRITE on it, or set OUTBOX_KAFKA_OFFSETS_TOPIC to a topic it may use", topic), Err: err}
+		}
 		return nil, &kafkaError{err}
 	}
 	o := &publish.Offsets{
@@ -72,6 +76,9 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 		return nil, &fatal.Error{Msg: "the exactly-once offsets topic", Err: err}
 	}
 	if err != nil {
+		if refused(err) {
+			return nil, &fatal.Error{Msg: fmt.Sprintf("Kafka refused the connector the exactly-once offsets topic %q: grant it READ and WRITE on it, or set OUTBOX_KAFKA_OFFSETS_TOPIC to a topic it may use", topic), Err: err}
+		}
 		return nil, &kafkaError{err}
 	}
 	lost := ""
@@ -130,6 +137,14 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 	r.log.Info("exactly-once position read back: the events it covers are in Kafka and are skipped when the slot gives them again", "position", pos.String(), "confirmed", wal.FormatLSN(st.Confirmed))
 	o.Resume = &pos
 	return o, nil
+}
+
+// refused reports whether Kafka refused the request for the connector's
+// rights or the cluster's policy: no retry changes that (the event topics'
+// refusals are fatal too), so it stops the connector with what to grant.
+func refused(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) ||
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.PolicyViolation)
 }
 
 // sameHistory finds where the history of the position's timeline and this

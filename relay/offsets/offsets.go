@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -118,18 +119,28 @@ func Record(topic string, key Key, p Position) *kgo.Record {
 	return &kgo.Record{Topic: topic, Key: key.Bytes(), Value: p.Value(), Partition: 0}
 }
 
+// offsetsSegmentBytes is the offsets topic's segment size.
+const offsetsSegmentBytes = 100 << 20
+
 // createdVisible bounds the wait for a topic Ensure created to be known.
 const createdVisible = 30 * time.Second
 
 // Ensure makes sure the offsets topic exists: created with one partition
-// (a slot's positions are read from start to end at every session start,
-// and one partition keeps that one read), cleanup.policy=compact, and the
+// (a slot's newest position is read back from the end at every session
+// start, and one partition keeps that one read), cleanup.policy=compact
+// with 100 MiB segments, and the
 // replication factor of the event topics. With create false it must exist.
 // An existing topic that is not compacted is refused: its positions would
 // be deleted by retention, and a start would then find them missing.
 func Ensure(ctx context.Context, adm *kadm.Client, topic string, create bool, replication int16) error {
 	if create {
-		resp, err := adm.CreateTopic(ctx, 1, replication, map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}, topic)
+		// Segments of 100 MiB, as __consumer_offsets has: only closed
+		// segments are compacted, and a segment of the broker's default
+		// 1 GiB would hold days of positions at a hundred commits a second.
+		resp, err := adm.CreateTopic(ctx, 1, replication, map[string]*string{
+			"cleanup.policy": kadm.StringPtr("compact"),
+			"segment.bytes":  kadm.StringPtr(strconv.Itoa(offsetsSegmentBytes)),
+		}, topic)
 		if err == nil {
 			err = resp.Err
 		}
@@ -194,8 +205,9 @@ func (e *NotCompactedError) Error() string {
 
 // Load reads the newest committed position of key from topic. It first
 // writes a barrier, a record of its own under the key's barrier key, and
-// then reads the partition read_committed from its start until it reads
-// that barrier: a read_committed fetch returns the barrier only once every
+// then reads the partition read_committed back from that barrier, by
+// windows that double, until a window holds a record under the key (or
+// the partition's start is reached): a read_committed fetch returns the barrier only once every
 // transaction open before it has ended (the previous producer's were ended
 // by InitProducerID; another slot's sharing the topic ends within its
 // transaction timeout), so a position committed last is never missed for an
@@ -229,27 +241,62 @@ func Load(ctx context.Context, conn []kgo.Opt, topic string, key Key) (p Positio
 	if err != nil {
 		return p, false, fmt.Errorf("list the start of the exactly-once offsets topic %q: %w", topic, err)
 	}
-	from := int64(0)
+	start := int64(0)
 	if o, found := starts.Lookup(topic, 0); found {
-		from = o.Offset
+		start = o.Offset
 	}
+	// The newest record under the key is the position, so the partition
+	// is read backwards by windows from the barrier: the last window that
+	// holds one decides. Each Kafka transaction adds two offsets (its
+	// position and its marker), and the active segment is never compacted,
+	// so reading from the start would read every commit since the segment
+	// began (gigabytes at a hundred commits a second) at every session
+	// start.
+	until := at
+	for window := int64(loadWindow); ; window *= 2 {
+		from := max(start, until-window)
+		p, ok, found, err := loadRange(ctx, conn, topic, key, from, until)
+		if err != nil || found || from == start {
+			return p, ok, err
+		}
+		until = from
+	}
+}
+
+// recordsRead counts the records Load examined (for its tests).
+var recordsRead atomic.Int64
+
+// loadWindow is the first window Load reads back from the barrier, in
+// offsets: the last few hundred commits of the slots sharing the topic.
+const loadWindow = 1024
+
+// loadRange reads offsets [from, until) of the offsets topic's partition
+// read_committed, and returns the newest record under key among them:
+// found says there is one (a position, ok, or a tombstone). until is a
+// barrier's offset or an offset before it, so every transaction open
+// before it has ended by the time a read reaches it.
+func loadRange(ctx context.Context, conn []kgo.Opt, topic string, key Key, from, until int64) (p Position, ok, found bool, err error) {
 	rd, err := kgo.NewClient(append(conn,
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
 	if err != nil {
-		return p, false, fmt.Errorf("read the exactly-once position: %w", err)
+		return p, false, false, fmt.Errorf("read the exactly-once position: %w", err)
 	}
 	defer rd.Close()
 	want := key.Bytes()
+	var lastErr error
 	for {
 		fs := rd.PollFetches(ctx)
 		if ctx.Err() != nil {
-			return Position{}, false, fmt.Errorf("read the exactly-once position from %q to the barrier at offset %d within %s (a transaction left open in the topic holds read_committed readers back: kafka-transactions.sh find-hanging): %w", topic, at, loadTimeout, ctx.Err())
+			return Position{}, false, false, fmt.Errorf("read the exactly-once position from %q, offsets %d to %d, within %s (a transaction left open in the topic holds read_committed readers back: kafka-transactions.sh find-hanging; last fetch error: %v): %w", topic, from, until, loadTimeout, lastErr, ctx.Err())
 		}
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
-		if ferr != nil && !kerr.IsRetriable(ferr) {
-			return Position{}, false, fmt.Errorf("read the exactly-once position from %q: %w", topic, ferr)
+		if ferr != nil {
+			if !kerr.IsRetriable(ferr) {
+				return Position{}, false, false, fmt.Errorf("read the exactly-once position from %q: %w", topic, ferr)
+			}
+			lastErr = ferr
 		}
 		done := false
 		var perr error
@@ -257,13 +304,15 @@ func Load(ctx context.Context, conn []kgo.Opt, topic string, key Key) (p Positio
 			if done {
 				return
 			}
-			if r.Offset >= at {
+			recordsRead.Add(1)
+			if r.Offset >= until {
 				done = true
 				return
 			}
 			if !bytes.Equal(r.Key, want) {
 				return
 			}
+			found = true
 			if r.Value == nil {
 				// A tombstone: someone deleted the position.
 				p, ok, perr = Position{}, false, nil
@@ -278,9 +327,9 @@ func Load(ctx context.Context, conn []kgo.Opt, topic string, key Key) (p Positio
 		})
 		if done {
 			if perr != nil {
-				return Position{}, false, perr
+				return Position{}, false, true, perr
 			}
-			return p, ok, nil
+			return p, ok, found, nil
 		}
 	}
 }

@@ -236,3 +236,46 @@ func TestEnsureWaitsForCreated(t *testing.T) {
 		t.Errorf("unknown topic without OUTBOX_TOPIC_CREATE: %v, want a *MissingError", err)
 	}
 }
+
+// TestLoadReadsBack: Load reads the partition back from its end by
+// windows, so a start after a long run reads the last commits, not every
+// commit since the active segment began; and a key whose newest position
+// is far back is still found (the windows double). Found by the review of
+// issue 16: Load read from the start within a fixed two minutes, which a
+// busy connector's uncompacted segment could outgrow at every start.
+func TestLoadReadsBack(t *testing.T) {
+	brokers, adm := fake(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const topic = "offsets-back"
+	if err := Ensure(ctx, adm, topic, true, -1); err != nil {
+		t.Fatal(err)
+	}
+	conn := []kgo.Opt{kgo.SeedBrokers(brokers)}
+	mine, old, other := Key{Slot: "mine"}, Key{Slot: "old"}, Key{Slot: "other"}
+	cl := txnClient(t, brokers, "back")
+	put(t, cl, topic, true, Record(topic, old, Position{Epoch: 1, Commit: 5}), Record(topic, mine, Position{Epoch: 1, Commit: 10}))
+	var many []*kgo.Record
+	for i := 0; i < 6000; i++ {
+		many = append(many, Record(topic, other, Position{Epoch: 1, Commit: uint64(100 + i)}))
+	}
+	put(t, cl, topic, true, many...)
+	put(t, cl, topic, true, Record(topic, mine, Position{Epoch: 1, Commit: 20}))
+	put(t, cl, topic, true, many[:50]...)
+
+	before := recordsRead.Load()
+	p, ok, err := Load(ctx, conn, topic, mine)
+	if err != nil || !ok || p.Commit != 20 {
+		t.Fatalf("Load: %v %v %v; want the newest position at 20", p, ok, err)
+	}
+	if n := recordsRead.Load() - before; n > 2048 {
+		t.Errorf("Load examined %d records to find a position 51 records from the end; want at most 2048 (read back, not from the start)", n)
+	}
+	p, ok, err = Load(ctx, conn, topic, old)
+	if err != nil || !ok || p.Commit != 5 {
+		t.Fatalf("Load of a key written only at the start: %v %v %v; want the position at 5", p, ok, err)
+	}
+	if _, ok, err := Load(ctx, conn, topic, Key{Slot: "none"}); ok || err != nil {
+		t.Fatalf("a key never written: found %v, %v", ok, err)
+	}
+}
