@@ -145,7 +145,8 @@ func TestDebeziumServerGolden(t *testing.T) {
 		t.Skip("make soak only (OUTBOX_SOAK=1): runs Debezium Server")
 	}
 	dbz := testenv.InstallDebeziumServer(t)
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	// A slot per set, all on one cluster.
+	pg := testenv.StartPostgres(t, testenv.PGOptions{Settings: map[string]string{"max_replication_slots": strconv.Itoa(len(dbzGoldenSets) + 5), "max_wal_senders": strconv.Itoa(len(dbzGoldenSets) + 5)}})
 	brokers := testenv.SharedKafka(t)
 	registry := testenv.StartRegistry(t)
 	u := "gold" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")

@@ -176,8 +176,8 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 					// aborted, it is not, and nothing is lost: what else
 					// the Kafka transaction holds is undone too and read
 					// again. (What earlier Kafka transactions committed of
-					// it is published again all the same: see README,
-					// "Delivery guarantees".)
+					// it is not published again: the position they carried
+					// counts those events, and the next session skips them.)
 					p.log.Info("the stream stopped inside a PostgreSQL transaction; aborting the open Kafka transaction, which the next session writes again")
 					err := graver(p.settle(), p.abort())
 					if err != nil {
