@@ -1,6 +1,9 @@
 package publish
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -176,5 +179,28 @@ func TestRegistryWaitSettlesCommitInFlight(t *testing.T) {
 	s.waitAcked(300, 20*time.Second)
 	if err := s.close(); err != nil {
 		t.Fatalf("producer: %v", err)
+	}
+}
+
+// TestGraverLogsTheOther: of two errors of one failure the session ends
+// with the graver, and the other is logged, not dropped (found by the
+// review of issue 16); a stop's own cancellation is not worth a line.
+func TestGraverLogsTheOther(t *testing.T) {
+	lb := newLogBuffer(t)
+	p := &Producer{log: lb.logger()}
+	fenced := fmt.Errorf("%w: commit", ErrFenced)
+	commitFailed := errors.New("the commit in flight failed: NOT_COORDINATOR")
+	if got := p.graver(commitFailed, fenced); got != fenced {
+		t.Fatalf("graver: %v", got)
+	}
+	if !strings.Contains(lb.String(), "NOT_COORDINATOR") {
+		t.Fatalf("the lesser error was not logged:\n%s", lb.String())
+	}
+	before := lb.String()
+	if got := p.graver(fenced, context.Canceled); got != fenced {
+		t.Fatalf("graver: %v", got)
+	}
+	if lb.String() != before {
+		t.Fatalf("a cancellation was logged:\n%s", lb.String())
 	}
 }

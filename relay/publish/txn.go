@@ -140,7 +140,7 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 		onFatal()
 		// A commit in flight may have failed for a graver reason (the
 		// second transactional id fenced or refused).
-		return graver(err, p.abort())
+		return p.graver(err, p.abort())
 	}
 	for {
 		var due <-chan time.Time
@@ -179,7 +179,7 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 					// it is not published again: the position they carried
 					// counts those events, and the next session skips them.)
 					p.log.Info("the stream stopped inside a PostgreSQL transaction; aborting the open Kafka transaction, which the next session writes again")
-					err := graver(p.settle(), p.abort())
+					err := p.graver(p.settle(), p.abort())
 					if err != nil {
 						onFatal()
 					}
@@ -232,7 +232,7 @@ func (p *Producer) runTxn(ctx context.Context, in <-chan wal.Event, onFatal func
 		case <-ctx.Done():
 			// The lease is lost (or the graceful stop ran out of time):
 			// publish nothing more; abort what is open.
-			return graver(ctx.Err(), p.abort())
+			return p.graver(ctx.Err(), p.abort())
 		}
 	}
 }
@@ -362,7 +362,7 @@ func (p *Producer) commit(ctx context.Context) error {
 			// which, so that a record Kafka refused is a suspect for
 			// the next session (see Poison), as after a commit.
 			if ferr := p.txnClient().Flush(ctx); ferr == nil {
-				err = graver(err, p.recordErrors())
+				err = p.graver(err, p.recordErrors())
 			}
 		}
 		return err
@@ -617,7 +617,7 @@ func (p *Producer) aloneTxn(ctx context.Context, ev wal.Event, id rowID, rec *kg
 	err := p.commit(ctx)
 	var rf *refusedError
 	if errors.As(err, &rf) {
-		p.abort()
+		err = p.graver(err, p.abort())
 	}
 	return err
 }
@@ -652,6 +652,8 @@ func (p *Producer) abort() error {
 	if len(p.txn.recs) > 0 || p.txn.open {
 		if err := cl.EndTransaction(ctx, kgo.TryAbort); err == nil {
 			p.metrics.KafkaTxns.WithLabelValues("abort").Inc()
+		} else {
+			p.log.Warn("aborting the open Kafka transaction failed; the next session's producer epoch aborts it", "err", err)
 		}
 	}
 	p.txn.open = false
@@ -670,6 +672,12 @@ func (p *Producer) abort() error {
 // instance steps down) before any other, a stop's own (context.Canceled)
 // last; of two alike, the first.
 func graver(a, b error) error {
+	g, _ := order(a, b)
+	return g
+}
+
+// order is graver's choice, and the other error.
+func order(a, b error) (graver, lesser error) {
 	rank := func(err error) int {
 		switch {
 		case err == nil:
@@ -684,9 +692,19 @@ func graver(a, b error) error {
 		return 1
 	}
 	if rank(b) > rank(a) {
-		return b
+		return b, a
 	}
-	return a
+	return a, b
+}
+
+// graver is graver(a, b), the other error logged rather than dropped
+// (unless it is only the stop's cancellation).
+func (p *Producer) graver(a, b error) error {
+	g, lesser := order(a, b)
+	if lesser != nil && g != nil && !errors.Is(lesser, context.Canceled) && !errors.Is(lesser, context.DeadlineExceeded) {
+		p.log.Warn("a second error of the same failure, after the one the session ends with", "err", lesser, "reported", g)
+	}
+	return g
 }
 
 // pendingWait bounds abort's wait for the commit in flight.
@@ -698,5 +716,7 @@ func (p *Producer) abortLane(cl *kgo.Client) {
 	defer cancel()
 	if err := cl.EndTransaction(ctx, kgo.TryAbort); err == nil {
 		p.metrics.KafkaTxns.WithLabelValues("abort").Inc()
+	} else {
+		p.log.Warn("aborting what a failed Kafka commit left open failed; the next session's producer epoch aborts it", "err", err)
 	}
 }
