@@ -15,6 +15,9 @@ import (
 type DebeziumServer struct {
 	Home string // the unpacked distribution
 	Java string // a java binary, version 21 or later
+	// ClassPath are more class path entries, after the distribution's
+	// (a directory of jars as dir/*).
+	ClassPath []string
 }
 
 // InstallDebeziumServer installs Debezium Server if needed and finds a
@@ -71,7 +74,7 @@ func (d DebeziumServer) Start(t testing.TB, properties string, vars ...string) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := strings.Join([]string{runners[0], filepath.Join(d.Home, "config", "lib"), filepath.Join(d.Home, "lib", "*")}, ":")
+	cp := strings.Join(append([]string{runners[0], filepath.Join(d.Home, "config", "lib"), filepath.Join(d.Home, "lib", "*")}, d.ClassPath...), ":")
 	run.Cmd = exec.Command(d.Java, "-cp", cp, "io.debezium.server.Main")
 	run.Cmd.Dir = dir
 	run.Cmd.Stdout, run.Cmd.Stderr = logf, logf
