@@ -487,3 +487,54 @@ func TestExpandBrokenIsPoison(t *testing.T) {
 		}
 	}
 }
+
+// TestAvroSchemasPerSubjectBounded: the derived schemas cached per subject
+// are bounded (rule 4), as Confluent's client bounds them
+// (max.schemas.per.subject): expanded payloads whose keys vary without
+// bound stop at the cap with a clear, retried refusal, never a dead
+// letter. From the review of issue 17.
+func TestAvroSchemasPerSubjectBounded(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas, c.ExpandJSONPayload, c.AvroMaxSchemasPerSubject = nil, true, maxSchemasPerSubjectForTest })
+	ctx := context.Background()
+	for i := 0; i < maxSchemasPerSubjectForTest; i++ {
+		if _, err := r.Route(ctx, orderRow(fmt.Sprintf(`{"k%d": 1}`, i))); err != nil {
+			t.Fatalf("shape %d: %v", i, err)
+		}
+	}
+	_, err := r.Route(ctx, orderRow(`{"one_too_many": 1}`))
+	if ClassOf(err) != ClassSchemaRejected || !strings.Contains(err.Error(), "max.schemas.per.subject") {
+		t.Fatalf("shape %d: %v (class %q); want a retried refusal naming the cap", maxSchemasPerSubjectForTest, err, ClassOf(err))
+	}
+	// A shape seen before still routes.
+	if _, err := r.Route(ctx, orderRow(`{"k7": 2}`)); err != nil {
+		t.Fatalf("a cached shape: %v", err)
+	}
+}
+
+// maxSchemasPerSubjectForTest is the test's bound (Confluent's default,
+// 1000, registers too slowly with srfake for a unit test).
+const maxSchemasPerSubjectForTest = 20
+
+// TestAvroGivenSchemaUnderRecordSubject: a schema given for a subject that
+// a record subject strategy names is used as given, not replaced by the
+// derived one. From the review of issue 17.
+func TestAvroGivenSchemaUnderRecordSubject(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	const given = `{"type":"record","name":"Value","namespace":"outbox.public.outbox.Order","fields":[{"name":"payload","type":["null","string"],"default":null},{"name":"eventType","type":"string"}]}`
+	r := avroRouter(t, reg, func(c *Config) {
+		c.AvroSchemas = map[string]string{"outbox.public.outbox.Order.Value": given}
+		c.AvroSubject = "${record}"
+		c.AdditionalFields = []AdditionalField{{Column: "type", Placement: PlaceEnvelope, Alias: "eventType"}}
+	})
+	if _, err := r.Route(context.Background(), orderRow(`{"a": 1}`)); err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := sr.NewClient(sr.URLs(reg.URL()))
+	vs, err := cl.SubjectVersions(context.Background(), "outbox.public.outbox.Order.Value")
+	if err != nil || len(vs) != 1 {
+		t.Fatalf("versions %v, %v; want only the given schema's", vs, err)
+	}
+}

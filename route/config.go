@@ -210,6 +210,12 @@ type Config struct {
 	// version before using it (value.converter.latest.compatibility.strict,
 	// default true).
 	AvroLatestCompatibilityStrict bool
+	// AvroMaxSchemasPerSubject bounds the schemas derived and cached per
+	// subject (value.converter.max.schemas.per.subject, default 1000): past
+	// it, an event of yet another shape waits, refused (as Confluent's
+	// client fails it), so that memory stays bounded when an expanded
+	// payload's shape varies without end.
+	AvroMaxSchemasPerSubject int
 	// AvroSchemaDir holds <subject>.avsc files registered at New.
 	AvroSchemaDir string
 	// AvroSchemas maps subjects to Avro schemas registered at New.
@@ -242,6 +248,7 @@ func DefaultConfig() Config {
 		AvroSubject:                   "${topic}-value",
 		AvroAutoRegister:              true,
 		AvroLatestCompatibilityStrict: true,
+		AvroMaxSchemasPerSubject:      1000,
 	}
 }
 
@@ -365,6 +372,9 @@ func (c *Config) Validate() error {
 	if c.ValueFormat == FormatAvro {
 		if len(c.RegistryURLs) == 0 {
 			bad("RegistryURLs", "missing; value format avro needs a schema registry, set it to http://host:8081")
+		}
+		if c.AvroMaxSchemasPerSubject < 1 {
+			bad("AvroMaxSchemasPerSubject", "%d; it must be at least 1 (Confluent's default is 1000)", c.AvroMaxSchemasPerSubject)
 		}
 		if !strings.Contains(c.AvroSubject, "${topic}") && !strings.Contains(c.AvroSubject, "${record}") {
 			bad("AvroSubject", "%q contains neither ${topic} nor ${record}", c.AvroSubject)

@@ -23,6 +23,7 @@ type ColumnInfo struct {
 
 	once    sync.Once
 	def     connect.Value
+	defText string // def in PostgreSQL's text format
 	hasDef  bool
 	schemas [2]*connect.Schema // [optional], with the default
 }
@@ -78,10 +79,19 @@ func extractDefault(expr, placeholder string) (string, bool) {
 // unconstrained numeric's VariableScaleDecimal; Debezium logs that it uses
 // null instead).
 func defaultValue(c *Column, expr string) (connect.Value, bool) {
+	v, _, ok := defaultOf(c, expr)
+	return v, ok
+}
+
+// defaultOf is defaultValue and the default in PostgreSQL's text format,
+// which colValue reads as that value (the column's value where the row has
+// NULL: Kafka Connect's Struct.get gives a field's default for null, and
+// Debezium's EventRouter reads every column through it).
+func defaultOf(c *Column, expr string) (connect.Value, string, bool) {
 	k := kindOf(c.Type)
 	placeholder, mapped := defaultPlaceholders[k]
 	if !mapped || k == kString && !defaultTypes[c.Type] {
-		return connect.Value{}, false
+		return connect.Value{}, "", false
 	}
 	switch k {
 	case kString, kJSON, kXML, kUUID, kBool, kInt16, kInt32, kInt64, kFloat32, kFloat64, kNumeric:
@@ -94,42 +104,45 @@ func defaultValue(c *Column, expr string) (connect.Value, bool) {
 	}
 	text, ok := extractDefault(expr, placeholder)
 	if !ok {
-		return connect.Value{}, false
+		return connect.Value{}, "", false
 	}
 	switch k {
 	case kBool:
 		// Boolean.parseBoolean: true only for "true", in any case.
-		return connect.Value{Kind: connect.KindBool, Int: b2i(strings.EqualFold(text, "true"))}, true
+		if strings.EqualFold(text, "true") {
+			return connect.Value{Kind: connect.KindBool, Int: 1}, "true", true
+		}
+		return connect.Value{Kind: connect.KindBool}, "false", true
 	case kInt16, kInt32, kInt64:
 		// Short/Integer/Long.parseLong: an optional sign, then digits.
 		bits := map[colKind]int{kInt16: 16, kInt32: 32, kInt64: 64}[k]
 		n, err := strconv.ParseInt(strings.TrimPrefix(text, "+"), 10, bits)
 		if err != nil || text == "" {
-			return connect.Value{}, false
+			return connect.Value{}, "", false
 		}
 		text = strconv.FormatInt(n, 10)
 	case kFloat32, kFloat64:
 		if _, err := strconv.ParseFloat(text, 64); err != nil {
-			return connect.Value{}, false
+			return connect.Value{}, "", false
 		}
 	case kNumeric:
 		d, ok := connect.ParseDecimal([]byte(text))
 		if !ok {
-			return connect.Value{}, false
+			return connect.Value{}, "", false
 		}
 		_, scale, constrained := numericPrecisionScale(c.TypeMod)
 		if !c.HasTypeMod || !constrained {
 			// A VariableScaleDecimal is a struct, which Kafka Connect
 			// cannot take as a default (KAFKA-12694): Debezium uses none.
-			return connect.Value{}, false
+			return connect.Value{}, "", false
 		}
 		// withScaleAdjustedIfNeeded raises the scale; a default of a
 		// greater scale does not fit the Decimal schema, and Debezium's
 		// conversion fails: no default.
 		if d.Scale > scale || !d.SetScale(scale) {
-			return connect.Value{}, false
+			return connect.Value{}, "", false
 		}
-		return connect.Value{Kind: connect.KindDec, Dec: d}, true
+		return connect.Value{Kind: connect.KindDec, Dec: d}, text, true
 	case kTimestamptz:
 		// toOffsetDateTime of a date alone is its midnight, UTC.
 		if len(text) == len("1970-01-01") {
@@ -142,24 +155,37 @@ func defaultValue(c *Column, expr string) (connect.Value, bool) {
 	}
 	v, err := colValue(&Column{Name: c.Name, Type: c.Type, TypeMod: c.TypeMod, HasTypeMod: c.HasTypeMod, Value: []byte(text)})
 	if err != nil {
-		return connect.Value{}, false
+		return connect.Value{}, "", false
 	}
-	return v, true
-}
-
-func b2i(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
+	return v, text, true
 }
 
 // withDefault returns s, the column's schema, with the column's default,
 // once computed per ColumnInfo.
 func (info *ColumnInfo) withDefault(c *Column, s *connect.Schema) *connect.Schema {
+	info.compute(c)
+	if !info.hasDef {
+		return s
+	}
+	if s.Optional {
+		return info.schemas[1]
+	}
+	return info.schemas[0]
+}
+
+// defaultText is the column's default in PostgreSQL's text format, when
+// Debezium has one.
+func (info *ColumnInfo) defaultText(c *Column) (string, bool) {
+	info.compute(c)
+	return info.defText, info.hasDef
+}
+
+// compute works out the default and the schemas with it, once per
+// ColumnInfo (a relation's columns: their type and modifier are fixed).
+func (info *ColumnInfo) compute(c *Column) {
 	info.once.Do(func() {
 		if info.HasDefault {
-			info.def, info.hasDef = defaultValue(c, info.Default)
+			info.def, info.defText, info.hasDef = defaultOf(c, info.Default)
 		}
 		for o := range info.schemas {
 			base := colSchema(c, o == 1, nil)
@@ -172,11 +198,32 @@ func (info *ColumnInfo) withDefault(c *Column, s *connect.Schema) *connect.Schem
 			info.schemas[o] = &ws
 		}
 	})
-	if !info.hasDef {
-		return s
+}
+
+// withDefaults returns row, or a copy of it whose NULL columns that have a
+// default (Column.Info) hold it: Kafka Connect's Struct.get gives a field's
+// default for null, and Debezium's EventRouter reads every column through
+// it (the payload, the id, the key, headers, envelope fields, the
+// partition, the timestamp), before any converter. The row is the caller's
+// and is not changed.
+func withDefaults(row *Row) *Row {
+	var cp *Row
+	for i := range row.Columns {
+		c := &row.Columns[i]
+		if !c.Null || c.Info == nil || !c.Info.HasDefault {
+			continue
+		}
+		text, ok := c.Info.defaultText(c)
+		if !ok {
+			continue
+		}
+		if cp == nil {
+			cp = &Row{Op: row.Op, Source: row.Source, Columns: append([]Column(nil), row.Columns...)}
+		}
+		cp.Columns[i].Null, cp.Columns[i].Value = false, []byte(text)
 	}
-	if s.Optional {
-		return info.schemas[1]
+	if cp == nil {
+		return row
 	}
-	return info.schemas[0]
+	return cp
 }

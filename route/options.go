@@ -32,6 +32,18 @@ func str(p func(*Config) *string) (func(*Config) string, func(*Config, string) e
 		func(c *Config, v string) error { *p(c) = strings.TrimSpace(v); return nil }
 }
 
+func integer(p func(*Config) *int) (func(*Config) string, func(*Config, string) error) {
+	return func(c *Config) string { return strconv.Itoa(*p(c)) },
+		func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("%q is not an integer", v)
+			}
+			*p(c) = n
+			return nil
+		}
+}
+
 func boolean(p func(*Config) *bool) (func(*Config) string, func(*Config, string) error) {
 	return func(c *Config) string { return strconv.FormatBool(*p(c)) },
 		func(c *Config, v string) error {
@@ -157,6 +169,8 @@ var options = func() []option {
 	add(opt("AvroUseLatestVersion", "value.converter.use.latest.version", "route-avro-use-latest-version", "write values with the latest version of their subject instead of the derived schema", g, s))
 	g, s = boolean(func(c *Config) *bool { return &c.AvroLatestCompatibilityStrict })
 	add(opt("AvroLatestCompatibilityStrict", "value.converter.latest.compatibility.strict", "route-avro-latest-compatibility-strict", "with use.latest.version, use the latest version only if the registry finds the derived schema compatible with it", g, s))
+	g, s = integer(func(c *Config) *int { return &c.AvroMaxSchemasPerSubject })
+	add(opt("AvroMaxSchemasPerSubject", "value.converter.max.schemas.per.subject", "route-avro-max-schemas-per-subject", "most schemas derived and cached per subject; past it an event waits, refused", g, s))
 	g, s = str(func(c *Config) *string { return &c.AvroSchemaDir })
 	add(opt("AvroSchemaDir", "", "route-avro-schema-dir", "directory of <subject>.avsc files registered at start", g, s))
 	for i := range o {
@@ -457,6 +471,12 @@ func (c *Config) applyConverters(all map[string]string, server bool) error {
 			if err := set(c, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s%s: %w", vp, b.key, err))
 			}
+		}
+	}
+	if v, ok := all[vp+"max.schemas.per.subject"]; ok {
+		_, set := integer(func(c *Config) *int { return &c.AvroMaxSchemasPerSubject })
+		if err := set(c, v); err != nil {
+			errs = append(errs, fmt.Errorf("%smax.schemas.per.subject: %w", vp, err))
 		}
 	}
 	return errors.Join(errs...)

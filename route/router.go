@@ -128,6 +128,7 @@ func (r *Router) route(ctx context.Context, row *Row) (rec *kgo.Record, topic st
 	if row == nil {
 		return nil, topic, errorf(ClassInvalidPayload, nil, "nil row")
 	}
+	row = withDefaults(row)
 	cfg := &r.cfg
 	switch row.Op {
 	case OpInsert, OpRead:
@@ -593,6 +594,7 @@ func (r *Router) newAvro(ctx context.Context) (*avro.Encoder, error) {
 		URLs: r.cfg.RegistryURLs, User: r.cfg.RegistryUser, Password: r.cfg.RegistryPassword,
 		Subject: r.cfg.AvroSubject, Schemas: files,
 		AutoRegister: r.cfg.AvroAutoRegister, UseLatest: r.cfg.AvroUseLatestVersion, LatestStrict: r.cfg.AvroLatestCompatibilityStrict,
+		MaxSchemasPerSubject: r.cfg.AvroMaxSchemasPerSubject,
 	})
 }
 

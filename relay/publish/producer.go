@@ -244,8 +244,13 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 		return p.deadLetter(ctx, ev, id, "", ev.Err)
 	}
 	backoff := retry.New(100*time.Millisecond, 10*time.Second)
+	blocked := false
 	for {
 		rec, err := p.router.Route(ctx, ev.Row)
+		if blocked && (err == nil || !route.IsRetryable(err)) {
+			p.blocked("")
+			blocked = false
+		}
 		if err == nil {
 			return p.produce(ctx, ev, id, rec)
 		}
@@ -283,6 +288,9 @@ func (p *Producer) handle(ctx context.Context, ev wal.Event) error {
 			} else {
 				p.log.Warn("routing needs the schema registry, which failed; retrying", "err", err, "backoff", wait)
 			}
+			// What /healthz says while events wait (as for a missing topic).
+			p.blocked(fmt.Sprintf("the line waits for the schema registry: %v", err))
+			blocked = true
 			select {
 			case <-ctx.Done():
 				return ctx.Err()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -64,7 +65,10 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 				t.Fatal(err)
 			}
 			db := newFakeDeadLetters()
-			s := newSession(t, brokers, Config{Transactional: true, TxnInterval: time.Hour, TxnMaxRecords: 1000, TopicCreate: true, DLQTopic: "dlq." + aggType},
+			var reasons []string
+			var rmu sync.Mutex
+			blockedHook := func(reason string) { rmu.Lock(); reasons = append(reasons, reason); rmu.Unlock() }
+			s := newSession(t, brokers, Config{Transactional: true, TxnInterval: time.Hour, TxnMaxRecords: 1000, TopicCreate: true, DLQTopic: "dlq." + aggType, Blocked: blockedHook},
 				sessionOpts{router: router, db: db, pipeline: tc.pipeline}).start()
 
 			// The first topic's schema is registered (auto.register.schemas)
@@ -118,6 +122,13 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 			}
 			if n := m.GetCounter().GetValue(); n < 2 {
 				t.Fatalf("outbox_connector_route_retries_total{class=%q} %v after half a second of retries; want at least 2", tc.class, n)
+			}
+			// /healthz said why the line waited, and stopped saying it.
+			rmu.Lock()
+			said := append([]string(nil), reasons...)
+			rmu.Unlock()
+			if len(said) < 2 || !strings.Contains(said[0], "schema registry") || said[len(said)-1] != "" {
+				t.Fatalf("Blocked hook told %q; want the wait's reason, then \"\" once it passed", said)
 			}
 			if !strings.Contains(s.log.String(), tc.logged) {
 				t.Fatalf("log lacks %q:\n%s", tc.logged, s.log.String())

@@ -35,15 +35,18 @@ type Encoder struct {
 	schemas map[string]*avroSchema // by subject: given at New, or the latest version
 	fixed   map[string]bool        // subjects whose schema was given at New
 	derived map[derivedKey]*avroSchema
+	// perSubject counts derived's schemas per subject.
+	perSubject map[string]int
 }
 
 // derivedKey is a derived schema under its subject.
 type derivedKey struct{ subject, text string }
 
 type avroSchema struct {
-	id    int
-	codec *goavro.Codec
-	root  *node
+	id      int
+	version int // the subject's version it was read as (lookup), 0 otherwise
+	codec   *goavro.Codec
+	root    *node
 	// text is the member a text payload goes into as it is: the schema
 	// itself when it is a string (Debezium's io.debezium.data.Json, or any
 	// string with attributes), a union's string branch (an optional one),
@@ -53,7 +56,11 @@ type avroSchema struct {
 
 // compile parses a subject's schema.
 func compile(text string) (*avroSchema, error) {
-	codec, err := goavro.NewCodec(text)
+	ctext, err := codecText(text)
+	if err != nil {
+		return nil, err
+	}
+	codec, err := goavro.NewCodec(ctext)
 	if err != nil {
 		return nil, err
 	}
@@ -98,6 +105,10 @@ type Options struct {
 	// with it. Confluent's auto.register.schemas, use.latest.version and
 	// latest.compatibility.strict.
 	AutoRegister, UseLatest, LatestStrict bool
+	// MaxSchemasPerSubject bounds the schemas derived and cached per
+	// subject (Confluent's max.schemas.per.subject; 0 is its default,
+	// 1000).
+	MaxSchemasPerSubject int
 }
 
 // Error is a value that cannot be encoded. Registry says the registry is at
@@ -138,7 +149,7 @@ func New(ctx context.Context, opts Options) (*Encoder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schema registry client: %w", err)
 	}
-	e := &Encoder{cl: cl, subject: opts.Subject, opts: opts, schemas: map[string]*avroSchema{}, fixed: map[string]bool{}, derived: map[derivedKey]*avroSchema{}}
+	e := &Encoder{cl: cl, subject: opts.Subject, opts: opts, schemas: map[string]*avroSchema{}, fixed: map[string]bool{}, derived: map[derivedKey]*avroSchema{}, perSubject: map[string]int{}}
 	for subject, text := range opts.Schemas {
 		s, err := compile(text)
 		if err != nil {
@@ -190,13 +201,27 @@ func (e *Encoder) schemaFor(ctx context.Context, topic string, vs *connect.Schem
 				"use TopicNameStrategy (OUTBOX_ROUTE_AVRO_SUBJECT=${topic}-value) or place a field in the envelope, which makes the value a record", e.subject, text)}
 		}
 		subject = strings.ReplaceAll(subject, "${record}", name)
+		e.mu.RLock()
+		s, fixed := e.schemas[subject], e.fixed[subject]
+		e.mu.RUnlock()
+		if fixed {
+			return s, subject, nil
+		}
 	}
 	key := derivedKey{subject, text}
 	e.mu.RLock()
-	s := e.derived[key]
+	s, n := e.derived[key], e.perSubject[subject]
 	e.mu.RUnlock()
 	if s != nil {
 		return s, subject, nil
+	}
+	if n >= e.maxPerSubject() {
+		// Bounded memory: a topic whose expanded payloads vary in shape
+		// without bound (ids as keys) would add a schema, and a registry
+		// version, per event. Confluent's client stops there too.
+		return nil, subject, &Error{Rejected: true, Msg: fmt.Sprintf("more than %d distinct schemas under subject %q (Confluent's max.schemas.per.subject): the values' shapes vary without bound, "+
+			"as an expanded JSON payload whose keys are ids does; do not expand such payloads (table.expand.json.payload=false), give them a fixed schema (use.latest.version), "+
+			"or raise the bound (OUTBOX_ROUTE_AVRO_MAX_SCHEMAS_PER_SUBJECT)", e.maxPerSubject(), subject)}
 	}
 	switch {
 	case e.opts.UseLatest:
@@ -211,22 +236,30 @@ func (e *Encoder) schemaFor(ctx context.Context, topic string, vs *connect.Schem
 			return nil, subject, err
 		}
 		if e.opts.LatestStrict {
-			ok, err := e.cl.CheckCompatibility(ctx, subject, -1, sr.Schema{Schema: text, Type: sr.TypeAvro})
+			// Checked against the version the value would be written
+			// with, not the registry's latest at this moment; refused,
+			// the next attempt reads the latest again (an operator may
+			// register a compatible one, as the error asks).
+			ok, err := e.cl.CheckCompatibility(ctx, subject, s.version, sr.Schema{Schema: text, Type: sr.TypeAvro})
 			if err != nil {
-				return nil, subject, registryError(err, "ask the registry whether the value's schema is compatible with the latest version of subject %q", subject)
+				e.forget(subject, s)
+				return nil, subject, registryError(err, "ask the registry whether the value's schema is compatible with version %d of subject %q", s.version, subject)
 			}
 			if !ok.Is {
-				return nil, subject, &Error{Rejected: true, Msg: fmt.Sprintf("the value's schema %s is not compatible with the latest version of subject %q (id %d), and latest.compatibility.strict is on: "+
-					"register a compatible version, or set latest.compatibility.strict=false (OUTBOX_ROUTE_AVRO_LATEST_COMPATIBILITY_STRICT)", text, subject, s.id)}
+				e.forget(subject, s)
+				return nil, subject, &Error{Rejected: true, Msg: fmt.Sprintf("the value's schema %s is not compatible with the latest version of subject %q (version %d, id %d), and latest.compatibility.strict is on: "+
+					"register a compatible version, or set latest.compatibility.strict=false (OUTBOX_ROUTE_AVRO_LATEST_COMPATIBILITY_STRICT)", text, subject, s.version, s.id)}
 			}
 		}
 	case e.opts.AutoRegister:
+		// Compiled first: a schema this encoder cannot write with is not
+		// registered for nothing.
+		if s, err = compile(text); err != nil {
+			return nil, subject, errorf(false, err, "the derived schema %s does not compile", text)
+		}
 		ss, err := e.cl.CreateSchema(ctx, subject, sr.Schema{Schema: text, Type: sr.TypeAvro})
 		if err != nil {
 			return nil, subject, registryError(err, "register the value's schema %s under subject %q", text, subject)
-		}
-		if s, err = compile(text); err != nil {
-			return nil, subject, errorf(false, err, "the derived schema %s does not compile", text)
 		}
 		s.id = ss.ID
 	default:
@@ -249,9 +282,28 @@ func (e *Encoder) schemaFor(ctx context.Context, topic string, vs *connect.Schem
 		s = old
 	} else {
 		e.derived[key] = s
+		e.perSubject[subject]++
 	}
 	e.mu.Unlock()
 	return s, subject, nil
+}
+
+// maxPerSubject is Options.MaxSchemasPerSubject, or Confluent's default.
+func (e *Encoder) maxPerSubject() int {
+	if e.opts.MaxSchemasPerSubject > 0 {
+		return e.opts.MaxSchemasPerSubject
+	}
+	return 1000
+}
+
+// forget drops subject's cached latest version s, so that the next lookup
+// reads the registry's latest again.
+func (e *Encoder) forget(subject string, s *avroSchema) {
+	e.mu.Lock()
+	if e.schemas[subject] == s && !e.fixed[subject] {
+		delete(e.schemas, subject)
+	}
+	e.mu.Unlock()
 }
 
 // fieldNode is the schema of record n's field name, nil when n is no
@@ -339,7 +391,7 @@ func (e *Encoder) lookup(ctx context.Context, subject string) (*avroSchema, erro
 	if err != nil {
 		return nil, errorf(false, err, "subject %q: the registry's schema does not compile", subject)
 	}
-	s.id = ss.ID
+	s.id, s.version = ss.ID, ss.Version
 	e.mu.Lock()
 	if old := e.schemas[subject]; old != nil {
 		s = old

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/pgoutbox/pgoutbox/route/connect"
@@ -278,15 +279,18 @@ func sameRecord(a, b *connect.Schema) bool {
 	return x.Equal(&y)
 }
 
-// validName is Avro's name rule, which Avro's Java Schema enforces when
-// AvroData builds the schema (a Debezium envelope named after an aggregate
-// type with a '-' fails there too).
+// validName is Avro's name rule as Avro 1.12's Java Schema enforces it when
+// AvroData builds the schema (NameValidator.UTF_VALIDATOR, the default): a
+// letter or '_', then letters, digits or '_', a letter or digit being
+// what Java's Character says of each UTF-16 unit (so "prénom" is a name, and
+// a character beyond the Basic Multilingual Plane is not). A Debezium
+// envelope named after an aggregate type with a '-' fails there too.
 func validName(n string) error {
 	if n == "" {
 		return fmt.Errorf("an empty name is not a valid Avro name")
 	}
 	for i, c := range n {
-		if c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9' {
+		if c == '_' || c <= 0xFFFF && (unicode.IsLetter(c) || i > 0 && unicode.IsDigit(c)) {
 			continue
 		}
 		return fmt.Errorf("%q is not a valid Avro name (letters, digits and _, not beginning with a digit)", n)

@@ -2,6 +2,7 @@ package avro
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -40,9 +41,10 @@ type node struct {
 }
 
 type field struct {
-	name string
-	n    *node
-	def  bool // has a default
+	name  string
+	gname string // goavro's name of it (see codecName)
+	n     *node
+	def   bool // has a default
 }
 
 var primitives = map[string]bool{"null": true, "boolean": true, "int": true, "long": true, "float": true, "double": true, "bytes": true, "string": true}
@@ -123,6 +125,12 @@ func (p *schemaParser) parseMap(m map[string]any, ns names) (*node, error) {
 		return p.parse(m["type"], ns)
 	}
 	lt, _ := m["logicalType"].(string)
+	if lt == "decimal" && !validDecimal(m) {
+		// Avro's legacy decimal (AvroData writes one when the scale is
+		// negative or above the precision): plain bytes to Avro, and in
+		// the codec (codecText).
+		lt = ""
+	}
 	name, _ := m["name"].(string)
 	if space, ok := m["namespace"].(string); ok && !strings.Contains(name, ".") {
 		ns.avro = space
@@ -134,7 +142,7 @@ func (p *schemaParser) parseMap(m map[string]any, ns names) (*node, error) {
 	case "record", "error", "enum", "fixed":
 		full, gfull := fullName(name, ns.avro), fullName(name, ns.goavro)
 		ns.avro, ns.goavro = namespaceOf(full), namespaceOf(gfull)
-		n := &node{kind: t, logical: lt, name: full, branch: gfull}
+		n := &node{kind: t, logical: lt, name: full, branch: codecFullName(gfull)}
 		if t == "error" {
 			n.kind = "record"
 		}
@@ -160,7 +168,7 @@ func (p *schemaParser) parseMap(m map[string]any, ns names) (*node, error) {
 					return nil, fmt.Errorf("record %q field %q: %w", full, fname, err)
 				}
 				_, def := fm["default"]
-				n.fields = append(n.fields, field{name: fname, n: fn, def: def})
+				n.fields = append(n.fields, field{name: fname, gname: codecName(fname), n: fn, def: def})
 			}
 		}
 		return n, nil
@@ -183,7 +191,7 @@ func (p *schemaParser) parseMap(m map[string]any, ns names) (*node, error) {
 	if lt != "" && goavroLogical[t+"."+lt] {
 		n.branch = t + "." + lt
 		if t == "bytes" && lt == "decimal" && name != "" {
-			n.branch = fullName(name, ns.goavro)
+			n.branch = codecFullName(fullName(name, ns.goavro))
 		}
 	}
 	return n, nil
@@ -242,7 +250,7 @@ func appendAvroText(dst []byte, n *node, raw []byte) ([]byte, error) {
 				dst = append(dst, ',')
 			}
 			first = false
-			dst = appendJSONString(dst, f.name)
+			dst = appendJSONString(dst, f.gname)
 			dst = append(dst, ':')
 			var err error
 			if dst, err = appendAvroText(dst, f.n, v); err != nil {
@@ -461,4 +469,174 @@ func abbreviate(raw []byte) string {
 func appendJSONString(dst []byte, s string) []byte {
 	b, _ := json.Marshal(s)
 	return append(dst, b...)
+}
+
+// The codec goavro compiles is made from a copy of the schema's text
+// (codecText) that changes nothing of the bytes written, only what goavro
+// refuses where Avro's Java library does not:
+//   - names: Avro 1.12 takes any letter (Character.isLetter: "prénom",
+//     "Commande_été"), goavro ASCII ones only; each name part that goavro
+//     would refuse is renamed (codecName), in the codec and in the JSON it
+//     reads, and Avro's binary encoding does not carry names;
+//   - a legacy decimal (scale negative or above the precision: AvroData's
+//     fallback) loses its logicalType, which goavro refuses: plain bytes,
+//     as Avro reads it;
+//   - a decimal field's default (a string of one character per byte, as
+//     AvroData writes it) is dropped: goavro wants a number there, and a
+//     default is only ever read when a field is missing from the JSON,
+//     which the values written here never are.
+
+// codecName is goavro's name for a name part: itself when goavro takes it,
+// else "u_" and the hex of its UTF-8 bytes.
+func codecName(part string) string {
+	if asciiName(part) {
+		return part
+	}
+	return "u_" + hex.EncodeToString([]byte(part))
+}
+
+// codecFullName is codecName of every part of a full name.
+func codecFullName(full string) string {
+	if asciiName(strings.ReplaceAll(full, ".", "_")) {
+		return full
+	}
+	parts := strings.Split(full, ".")
+	for i, p := range parts {
+		if p != "" {
+			parts[i] = codecName(p)
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+// asciiName is goavro's (and Avro's, before 1.12) name rule.
+func asciiName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		if c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9' {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// validDecimal reports whether a decimal's scale is in [0, precision], as
+// Avro's LogicalTypes.decimal requires.
+func validDecimal(m map[string]any) bool {
+	num := func(key string) (int64, bool) {
+		switch v := m[key].(type) {
+		case json.Number:
+			n, err := v.Int64()
+			return n, err == nil
+		case float64:
+			return int64(v), true
+		}
+		return 0, false
+	}
+	precision, ok := num("precision")
+	if !ok {
+		return false
+	}
+	scale, ok := num("scale")
+	if !ok {
+		scale = 0
+	}
+	return scale >= 0 && scale <= precision
+}
+
+// codecText is the text goavro compiles for a schema (see codecName).
+func codecText(text string) (string, error) {
+	d := json.NewDecoder(strings.NewReader(text))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return "", err
+	}
+	changed := false
+	var walk func(v any) any
+	walk = func(v any) any {
+		switch s := v.(type) {
+		case string:
+			if !primitives[s] {
+				if c := codecFullName(s); c != s {
+					changed = true
+					return c
+				}
+			}
+			return s
+		case []any:
+			for i := range s {
+				s[i] = walk(s[i])
+			}
+			return s
+		case map[string]any:
+			if lt, _ := s["logicalType"].(string); lt == "decimal" && !validDecimal(s) {
+				delete(s, "logicalType")
+				changed = true
+			}
+			for _, k := range []string{"name", "namespace"} {
+				if n, ok := s[k].(string); ok && n != "" {
+					if c := codecFullName(n); c != n {
+						s[k] = c
+						changed = true
+					}
+				}
+			}
+			if t, ok := s["type"]; ok {
+				s["type"] = walk(t)
+			}
+			for _, k := range []string{"items", "values"} {
+				if it, ok := s[k]; ok {
+					s[k] = walk(it)
+				}
+			}
+			if fs, ok := s["fields"].([]any); ok {
+				for _, f := range fs {
+					fm, ok := f.(map[string]any)
+					if !ok {
+						continue
+					}
+					if n, ok := fm["name"].(string); ok {
+						if c := codecName(n); c != n {
+							fm["name"] = c
+							changed = true
+						}
+					}
+					fm["type"] = walk(fm["type"])
+					if _, ok := fm["default"]; ok && decimalFirst(fm["type"]) {
+						delete(fm, "default")
+						changed = true
+					}
+				}
+			}
+			return s
+		}
+		return v
+	}
+	v = walk(v)
+	if !changed {
+		return text, nil
+	}
+	b, err := json.Marshal(v)
+	return string(b), err
+}
+
+// decimalFirst reports whether a field's type, or its union's first
+// member (which a default is of), is a decimal.
+func decimalFirst(t any) bool {
+	if u, ok := t.([]any); ok && len(u) > 0 {
+		t = u[0]
+	}
+	m, ok := t.(map[string]any)
+	if !ok {
+		return false
+	}
+	if inner, ok := m["type"].(map[string]any); ok {
+		m = inner
+	}
+	lt, _ := m["logicalType"].(string)
+	return lt == "decimal"
 }
