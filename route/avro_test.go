@@ -496,7 +496,9 @@ func TestExpandBrokenIsPoison(t *testing.T) {
 func TestAvroSchemasPerSubjectBounded(t *testing.T) {
 	reg := srfake.New()
 	defer reg.Close()
-	r := avroRouter(t, reg, func(c *Config) { c.AvroSchemas, c.ExpandJSONPayload, c.AvroMaxSchemasPerSubject = nil, true, maxSchemasPerSubjectForTest })
+	r := avroRouter(t, reg, func(c *Config) {
+		c.AvroSchemas, c.ExpandJSONPayload, c.AvroMaxSchemasPerSubject = nil, true, maxSchemasPerSubjectForTest
+	})
 	ctx := context.Background()
 	for i := 0; i < maxSchemasPerSubjectForTest; i++ {
 		if _, err := r.Route(ctx, orderRow(fmt.Sprintf(`{"k%d": 1}`, i))); err != nil {
