@@ -27,18 +27,30 @@ func defaultsRow() *Row {
 	}, Source: Source{Table: "public.outbox", ProcessedTime: time.UnixMilli(1556890294484)}}
 }
 
-func TestNullIsDefaultInStringFormats(t *testing.T) {
-	props := "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" +
-		"key.converter=org.apache.kafka.connect.storage.StringConverter\nvalue.converter=org.apache.kafka.connect.storage.StringConverter\n" +
-		"transforms.outbox.table.fields.additional.placement=channel:header\n"
+// propsRouter is a router for a Debezium properties file; with reg, its
+// values are Avro against it.
+func propsRouter(t testing.TB, props string, reg *srfake.Registry) *Router {
+	t.Helper()
 	cfg, err := ParseProperties(strings.NewReader(props))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if reg != nil {
+		cfg.ValueFormat = FormatAvro
+		cfg.RegistryURLs = []string{reg.URL()}
 	}
 	r, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+func TestNullIsDefaultInStringFormats(t *testing.T) {
+	props := "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" +
+		"key.converter=org.apache.kafka.connect.storage.StringConverter\nvalue.converter=org.apache.kafka.connect.storage.StringConverter\n" +
+		"transforms.outbox.table.fields.additional.placement=channel:header\n"
+	r := propsRouter(t, props, nil)
 	rec, err := r.Route(context.Background(), defaultsRow())
 	if err != nil {
 		t.Fatal(err)
@@ -62,14 +74,7 @@ func TestNullIsDefaultNotTombstone(t *testing.T) {
 	props := "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" +
 		"value.converter=org.apache.kafka.connect.json.JsonConverter\nvalue.converter.schemas.enable=false\n" +
 		"transforms.outbox.route.tombstone.on.empty.payload=true\n"
-	cfg, err := ParseProperties(strings.NewReader(props))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := propsRouter(t, props, nil)
 	rec, err := r.Route(context.Background(), defaultsRow())
 	if err != nil {
 		t.Fatal(err)
@@ -85,16 +90,7 @@ func TestAvroNullPayloadIsDefault(t *testing.T) {
 	defer reg.Close()
 	props := "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" +
 		"value.converter=io.confluent.connect.avro.AvroConverter\nvalue.converter.schema.registry.url=http://x\n"
-	cfg, err := ParseProperties(strings.NewReader(props))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ValueFormat = FormatAvro
-	cfg.RegistryURLs = []string{reg.URL()}
-	r, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := propsRouter(t, props, reg)
 	rec, err := r.Route(context.Background(), defaultsRow())
 	if err != nil {
 		t.Fatal(err)
@@ -115,16 +111,7 @@ func TestAvroUnicodeNames(t *testing.T) {
 	props := "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n" +
 		"transforms.outbox.table.expand.json.payload=true\n" +
 		"value.converter=io.confluent.connect.avro.AvroConverter\nvalue.converter.schema.registry.url=http://x\n"
-	cfg, err := ParseProperties(strings.NewReader(props))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ValueFormat = FormatAvro
-	cfg.RegistryURLs = []string{reg.URL()}
-	r, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := propsRouter(t, props, reg)
 	row := defaultsRow()
 	for i := range row.Columns {
 		row.Columns[i].Info = nil

@@ -18,6 +18,34 @@ import (
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
+// refusingRegistry is an Avro router over a fake registry that, once
+// refuse is set, answers status to every request about a subject naming
+// late (the first topic's schema is known by then), and sets refused.
+func refusingRegistry(t testing.TB, late string, status int) (router *route.Router, refuse, refused *atomic.Bool) {
+	t.Helper()
+	reg := srfake.New()
+	t.Cleanup(reg.Close)
+	refuse, refused = new(atomic.Bool), new(atomic.Bool)
+	reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		if !refuse.Load() || !strings.Contains(r.URL.Path, late) {
+			return false
+		}
+		refused.Store(true)
+		w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(`{"error_code":` + map[int]string{503: "50003", 409: "409"}[status] + `,"message":"injected"}`))
+		return true
+	})
+	rcfg := route.DefaultConfig()
+	rcfg.ValueFormat = route.FormatAvro
+	rcfg.RegistryURLs = []string{reg.URL()}
+	router, err := route.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return router, refuse, refused
+}
+
 // TestRegistryWaitCommitsFirst: an event whose schema the registry cannot
 // take now (down: 503; or refusing it: 409 incompatible) waits, retried,
 // never a dead letter; the events routed before it in the open Kafka
@@ -40,30 +68,9 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, brokers := fakeKafka(t, kfake.NumBrokers(1))
-			reg := srfake.New()
-			t.Cleanup(reg.Close)
-			var refuse, refused atomic.Bool
 			aggType := "reg" + uniq()
 			late := aggType + "Late"
-			reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
-				// Only the second topic's subject is refused: the first
-				// topic's schema is known by then.
-				if !refuse.Load() || !strings.Contains(r.URL.Path, late) {
-					return false
-				}
-				refused.Store(true)
-				w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
-				w.WriteHeader(tc.status)
-				_, _ = w.Write([]byte(`{"error_code":` + map[int]string{503: "50003", 409: "409"}[tc.status] + `,"message":"injected"}`))
-				return true
-			})
-			rcfg := route.DefaultConfig()
-			rcfg.ValueFormat = route.FormatAvro
-			rcfg.RegistryURLs = []string{reg.URL()}
-			router, err := route.New(rcfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			router, refuse, refused := refusingRegistry(t, late, tc.status)
 			db := newFakeDeadLetters()
 			var reasons []string
 			var rmu sync.Mutex
@@ -144,28 +151,9 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 // review of the wait; it failed before (transaction 200 not acked).
 func TestRegistryWaitSettlesCommitInFlight(t *testing.T) {
 	_, brokers := fakeKafka(t, kfake.NumBrokers(1))
-	reg := srfake.New()
-	t.Cleanup(reg.Close)
-	var refuse, refused atomic.Bool
 	aggType := "reg" + uniq()
 	late := aggType + "Late"
-	reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
-		if !refuse.Load() || !strings.Contains(r.URL.Path, late) {
-			return false
-		}
-		refused.Store(true)
-		w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`{"error_code":50003,"message":"injected"}`))
-		return true
-	})
-	rcfg := route.DefaultConfig()
-	rcfg.ValueFormat = route.FormatAvro
-	rcfg.RegistryURLs = []string{reg.URL()}
-	router, err := route.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	router, refuse, refused := refusingRegistry(t, late, http.StatusServiceUnavailable)
 	s := newSession(t, brokers, Config{Transactional: true, TxnInterval: time.Hour, TxnMaxRecords: 1000, TopicCreate: true, DLQTopic: "dlq." + aggType},
 		sessionOpts{router: router, db: newFakeDeadLetters(), pipeline: true}).start()
 	s.send(100, eventRow("id", "e1", aggType, "a", `{"n":1}`, 90, 100))
