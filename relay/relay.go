@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kprom"
 	"github.com/twmb/franz-go/plugin/kslog"
 
+	"github.com/pgoutbox/pgoutbox/internal/pgdurable"
 	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
 	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/relay/fatal"
@@ -226,18 +227,7 @@ func openPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		var sc string
-		if err := c.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
-			return fmt.Errorf("read synchronous_commit: %w", err)
-		}
-		if sc == "off" {
-			if _, err := c.Exec(ctx, "SET synchronous_commit = on"); err != nil {
-				return fmt.Errorf("set synchronous_commit = on: %w", err)
-			}
-		}
-		return nil
-	}
+	cfg.AfterConnect = pgdurable.Ensure
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 

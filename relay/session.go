@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgoutbox/pgoutbox/internal/pgdurable"
 	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
 	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/relay/fatal"
@@ -201,6 +202,11 @@ func (r *Relay) connect(ctx context.Context) (*conns, error) {
 	conn, err := pgx.Connect(ctx, r.cfg.PGDSN)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	// The state row is written on it: durable (see openPool).
+	if err := pgdurable.Ensure(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
 	}
 	c := &conns{conn: conn}
 	if err := r.connectReplication(ctx, c); err != nil {

@@ -212,9 +212,9 @@ type Config struct {
 	AvroLatestCompatibilityStrict bool
 	// AvroMaxSchemasPerSubject bounds the schemas derived and cached per
 	// subject (value.converter.max.schemas.per.subject, default 1000): past
-	// it, an event of yet another shape waits, refused (as Confluent's
-	// client fails it), so that memory stays bounded when an expanded
-	// payload's shape varies without end.
+	// it the subject's cache is emptied and fills again, so that memory
+	// stays bounded when an expanded payload's shape varies without end
+	// (Confluent's client fails the record there instead).
 	AvroMaxSchemasPerSubject int
 	// AvroSchemaDir holds <subject>.avsc files registered at New.
 	AvroSchemaDir string

@@ -170,7 +170,7 @@ var options = func() []option {
 	g, s = boolean(func(c *Config) *bool { return &c.AvroLatestCompatibilityStrict })
 	add(opt("AvroLatestCompatibilityStrict", "value.converter.latest.compatibility.strict", "route-avro-latest-compatibility-strict", "with use.latest.version, use the latest version only if the registry finds the derived schema compatible with it", g, s))
 	g, s = integer(func(c *Config) *int { return &c.AvroMaxSchemasPerSubject })
-	add(opt("AvroMaxSchemasPerSubject", "value.converter.max.schemas.per.subject", "route-avro-max-schemas-per-subject", "most schemas derived and cached per subject; past it an event waits, refused", g, s))
+	add(opt("AvroMaxSchemasPerSubject", "value.converter.max.schemas.per.subject", "route-avro-max-schemas-per-subject", "most schemas derived and cached per subject; past it the subject's cache is emptied and fills again", g, s))
 	g, s = str(func(c *Config) *string { return &c.AvroSchemaDir })
 	add(opt("AvroSchemaDir", "", "route-avro-schema-dir", "directory of <subject>.avsc files registered at start", g, s))
 	for i := range o {

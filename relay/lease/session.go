@@ -17,6 +17,7 @@ import (
 
 	schema "github.com/pgoutbox/pgoutbox/sql"
 
+	"github.com/pgoutbox/pgoutbox/internal/pgdurable"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
@@ -226,6 +227,12 @@ func (e *Elector) connect(ctx context.Context) error {
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
+		return fmt.Errorf("open the lease session: %w", err)
+	}
+	// The lease's renewals and releases are what a standby decides by:
+	// durable.
+	if err := pgdurable.Ensure(cctx, conn); err != nil {
+		conn.Close(context.Background())
 		return fmt.Errorf("open the lease session: %w", err)
 	}
 	if err := ensureTable(cctx, conn); err != nil {

@@ -107,7 +107,7 @@ type Options struct {
 	AutoRegister, UseLatest, LatestStrict bool
 	// MaxSchemasPerSubject bounds the schemas derived and cached per
 	// subject (Confluent's max.schemas.per.subject; 0 is its default,
-	// 1000).
+	// 1000): past it the subject's cache is emptied and fills again.
 	MaxSchemasPerSubject int
 }
 
@@ -216,13 +216,22 @@ func (e *Encoder) schemaFor(ctx context.Context, topic string, vs *connect.Schem
 		return s, subject, nil
 	}
 	if n >= e.maxPerSubject() {
-		// Bounded memory: a topic whose expanded payloads vary in shape
-		// without bound (ids as keys) would add a schema, and a registry
-		// version, per event. Confluent's client stops there too.
-		return nil, subject, &Error{Rejected: true, Msg: fmt.Sprintf("more than %d distinct schemas under subject %q (Confluent's max.schemas.per.subject): the values' shapes vary without bound, "+
-			"as an expanded JSON payload whose keys are ids does; do not expand such payloads (table.expand.json.payload=false), give them a fixed schema (use.latest.version), "+
-			"or raise the bound (OUTBOX_ROUTE_AVRO_MAX_SCHEMAS_PER_SUBJECT)", e.maxPerSubject(), subject)}
+		// Bounded memory: a topic whose values vary in shape without end
+		// (an expanded payload keyed by ids) would add a schema per
+		// event. The subject's cache is emptied and fills again; the
+		// registry answers a schema it holds with its id. (Confluent's
+		// client fails the record there instead, and its task stops
+		// until restarted, to fail again: a wedge.)
+		e.mu.Lock()
+		for k := range e.derived {
+			if k.subject == subject {
+				delete(e.derived, k)
+			}
+		}
+		e.perSubject[subject] = 0
+		e.mu.Unlock()
 	}
+
 	switch {
 	case e.opts.UseLatest:
 		if s, err = e.lookup(ctx, subject); err != nil {
@@ -286,6 +295,13 @@ func (e *Encoder) schemaFor(ctx context.Context, topic string, vs *connect.Schem
 	}
 	e.mu.Unlock()
 	return s, subject, nil
+}
+
+// Cached is how many derived schemas the encoder holds.
+func (e *Encoder) Cached() int {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return len(e.derived)
 }
 
 // maxPerSubject is Options.MaxSchemasPerSubject, or Confluent's default.

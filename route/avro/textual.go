@@ -265,7 +265,9 @@ func appendAvroText(dst []byte, n *node, raw []byte) ([]byte, error) {
 				dst = append(dst, ',')
 			}
 			first = false
-			dst = appendJSONString(dst, k)
+			// Renamed as a field would be, so that an unknown key cannot
+			// pass for a renamed field (goavro says it is unknown).
+			dst = appendJSONString(dst, codecName(k))
 			dst = append(dst, ':')
 			dst = append(dst, v...)
 		}
@@ -481,15 +483,18 @@ func appendJSONString(dst []byte, s string) []byte {
 //   - a legacy decimal (scale negative or above the precision: AvroData's
 //     fallback) loses its logicalType, which goavro refuses: plain bytes,
 //     as Avro reads it;
-//   - a decimal field's default (a string of one character per byte, as
-//     AvroData writes it) is dropped: goavro wants a number there, and a
-//     default is only ever read when a field is missing from the JSON,
-//     which the values written here never are.
+//   - the default of a field whose union begins with a decimal (a string
+//     of one character per byte, as AvroData writes it) is dropped: goavro
+//     cannot read it there; the values written here never miss such a
+//     field (derived schemas' fields are all written), and a given schema
+//     with one keeps it.
 
 // codecName is goavro's name for a name part: itself when goavro takes it,
-// else "u_" and the hex of its UTF-8 bytes.
+// else "u_" and the hex of its UTF-8 bytes; a name that begins with "u_"
+// is renamed too, so that no two names (or a JSON key and a renamed name)
+// become one.
 func codecName(part string) string {
-	if asciiName(part) {
+	if asciiName(part) && !strings.HasPrefix(part, "u_") {
 		return part
 	}
 	return "u_" + hex.EncodeToString([]byte(part))
@@ -497,7 +502,7 @@ func codecName(part string) string {
 
 // codecFullName is codecName of every part of a full name.
 func codecFullName(full string) string {
-	if asciiName(strings.ReplaceAll(full, ".", "_")) {
+	if asciiName(strings.ReplaceAll(full, ".", "_")) && !strings.HasPrefix(full, "u_") && !strings.Contains(full, ".u_") {
 		return full
 	}
 	parts := strings.Split(full, ".")
@@ -537,7 +542,7 @@ func validDecimal(m map[string]any) bool {
 		return 0, false
 	}
 	precision, ok := num("precision")
-	if !ok {
+	if !ok || precision < 1 {
 		return false
 	}
 	scale, ok := num("scale")
@@ -624,13 +629,15 @@ func codecText(text string) (string, error) {
 	return string(b), err
 }
 
-// decimalFirst reports whether a field's type, or its union's first
-// member (which a default is of), is a decimal.
+// decimalFirst reports whether a field's type is a union whose first
+// member (which a default is of) is a decimal: goavro cannot read a
+// default there (it takes one for a decimal field that is no union).
 func decimalFirst(t any) bool {
-	if u, ok := t.([]any); ok && len(u) > 0 {
-		t = u[0]
+	u, ok := t.([]any)
+	if !ok || len(u) == 0 {
+		return false
 	}
-	m, ok := t.(map[string]any)
+	m, ok := u[0].(map[string]any)
 	if !ok {
 		return false
 	}
