@@ -59,8 +59,10 @@ func TestKill9Repeatedly(t *testing.T) {
 	bw := testenv.StartLoad(t, pg.DSN("outbox"), aggType, 200, time.Millisecond)
 	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 	const kills = 20
+	var runs []*testenv.Proc
 	for i := 0; i < kills; i++ {
 		p := testenv.StartProc(t, bin, env)
+		runs = append(runs, p)
 		waitOutput(t, p, "msg=streaming", 60*time.Second)
 		time.Sleep(time.Duration(100+rng.Intn(900)) * time.Millisecond)
 		p.Signal(syscall.SIGKILL)
@@ -77,6 +79,14 @@ func TestKill9Repeatedly(t *testing.T) {
 	t.Logf("%d kills with SIGKILL; %d events written (%d writer errors), all delivered in order; %d duplicate deliveries", kills, len(want), bw.Errors(), dups)
 	if dups != 0 {
 		t.Errorf("%d duplicates across %d kill -9s in exactly-once mode; want 0", dups, kills)
+		// What each run read back and resumed from, to tell why.
+		for i, r := range append(runs, p) {
+			for _, l := range strings.Split(r.Output(), "\n") {
+				if strings.Contains(l, "position") || strings.Contains(l, "history") || strings.Contains(l, "streaming") || strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+					t.Logf("run %d: %s", i, l)
+				}
+			}
+		}
 	}
 }
 

@@ -67,9 +67,12 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 		{"schema refused as incompatible, pipelined", http.StatusConflict, true, "the schema registry refused the event's schema", route.ClassSchemaRejected},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, brokers := fakeKafka(t, kfake.NumBrokers(1))
 			aggType := "reg" + uniq()
 			late := aggType + "Late"
+			// The topics exist before the first transaction: one created
+			// within it was once counted by no partition added, and the
+			// session ended (a relay starts another; this test has one).
+			_, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, "outbox.event."+aggType, "outbox.event."+late, "dlq."+aggType))
 			router, refuse, refused := refusingRegistry(t, late, tc.status)
 			db := newFakeDeadLetters()
 			var reasons []string
@@ -150,9 +153,9 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 // and a failure of it is seen at once, not after the outage. Found by the
 // review of the wait; it failed before (transaction 200 not acked).
 func TestRegistryWaitSettlesCommitInFlight(t *testing.T) {
-	_, brokers := fakeKafka(t, kfake.NumBrokers(1))
 	aggType := "reg" + uniq()
 	late := aggType + "Late"
+	_, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, "outbox.event."+aggType, "outbox.event."+late, "dlq."+aggType))
 	router, refuse, refused := refusingRegistry(t, late, http.StatusServiceUnavailable)
 	s := newSession(t, brokers, Config{Transactional: true, TxnInterval: time.Hour, TxnMaxRecords: 1000, TopicCreate: true, DLQTopic: "dlq." + aggType},
 		sessionOpts{router: router, db: newFakeDeadLetters(), pipeline: true}).start()
