@@ -44,7 +44,7 @@ func preflight(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	wg.Go(func() {
 		cctx, cancel := context.WithTimeout(ctx, preflightTimeout)
 		defer cancel()
-		pgErr = checkPostgres(cctx, cfg.PGDSN)
+		pgErr = checkPostgres(cctx, cfg.PGDSN, cfg.Source != "poll")
 	})
 	wg.Go(func() {
 		cctx, cancel := context.WithTimeout(ctx, preflightTimeout)
@@ -68,16 +68,21 @@ func preflight(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	return errors.Join(fatal...)
 }
 
-// checkPostgres opens and closes a normal and a replication connection
-// with dsn (pg_hba.conf may treat them differently). It returns a
+// checkPostgres opens and closes a normal and (when replication, not in
+// poll mode, which needs none) a replication connection with dsn
+// (pg_hba.conf may treat them differently). It returns a
 // *badSetting when the server or the TLS handshake refused the settings,
 // and otherwise the error met, redacted.
-func checkPostgres(ctx context.Context, dsn string) error {
+func checkPostgres(ctx context.Context, dsn string, replication bool) error {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return &badSetting{"OUTBOX_PG_DSN: malformed connection string: " + config.RedactError(err, dsn)}
 	}
-	for _, replication := range []bool{false, true} {
+	kinds := []bool{false}
+	if replication {
+		kinds = append(kinds, true)
+	}
+	for _, replication := range kinds {
 		c := cfg.Copy()
 		what := "the connection"
 		if replication {

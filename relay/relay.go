@@ -54,6 +54,10 @@ type Relay struct {
 	stall     stallWatch    // the liveness clock: work owed, and since when without progress
 	lastErr   atomic.Pointer[string]
 	published atomic.Int64
+	// Poll mode (OUTBOX_SOURCE=poll): a session is reading, and how many
+	// buckets it owns.
+	polling   atomic.Bool
+	pollOwned atomic.Int64
 
 	elector *lease.Elector
 	lead    atomic.Pointer[leadership] // the current or last term
@@ -90,6 +94,15 @@ type leadership struct {
 // New returns a relay for cfg.
 func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.Metrics) *Relay {
 	schema, table := cfg.Table.Schema, cfg.Table.Name
+	if cfg.Source == "poll" {
+		// Poll mode is at-least-once: a batch is marked after Kafka acked
+		// it, and a crash between the two publishes it again. Its
+		// instances run at once, each with its own buckets, so one
+		// transactional id would fence the others; Kafka transactions
+		// would buy nothing here.
+		cfg.Transactional = false
+		cfg.TxnPipeline = false
+	}
 	r := &Relay{cfg: cfg, log: log, metrics: m, router: router, schema: schema, table: table}
 	r.stall.timeout = cfg.StallTimeout
 	r.elector = lease.New(lease.Config{
@@ -159,6 +172,10 @@ func (r *Relay) Streaming() bool { return r.streaming.Load() }
 // Leading reports whether this instance leads: it holds the lease, by its
 // own monotonic clock, and has fenced the previous leader.
 func (r *Relay) Leading() bool {
+	if r.cfg.Source == "poll" {
+		// Every instance publishes: one that owns buckets leads its share.
+		return r.polling.Load() && r.pollOwned.Load() > 0
+	}
 	l := r.lead.Load()
 	return l != nil && l.established.Load() && l.term.Valid()
 }
@@ -176,6 +193,9 @@ func (r *Relay) Token() int64 {
 func (r *Relay) Ready() (bool, string) {
 	if stalled, why := r.Stalled(); stalled {
 		return false, "stalled: " + why
+	}
+	if r.cfg.Source == "poll" {
+		return true, ""
 	}
 	if ok, why := r.elector.Healthy(); !ok {
 		return false, "lease: " + why
@@ -212,6 +232,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return &fatal.Error{Msg: "OUTBOX_PG_DSN", Err: config.Redact(err, r.cfg.PGDSN)}
 	}
 	defer pool.Close()
+	if r.cfg.Source == "poll" {
+		return r.runPoll(ctx, pool)
+	}
 	return r.elector.Run(ctx, func(ctx context.Context, t *lease.Term) error { return r.leadTerm(ctx, t, pool) })
 }
 

@@ -260,6 +260,9 @@ func (w *stallWatch) sessionEnded(p tracker.Positions, now time.Time) {
 // holding reports whether this instance holds the lease (a leader, or a
 // leader still setting up or reconnecting).
 func (r *Relay) holding() bool {
+	if r.cfg.Source == "poll" {
+		return r.polling.Load()
+	}
 	l := r.lead.Load()
 	return l != nil && l.term.Valid()
 }

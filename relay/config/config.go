@@ -122,6 +122,27 @@ type Config struct {
 	// TopicConfigs for created topics, k=v,k=v (OUTBOX_TOPIC_CONFIGS).
 	TopicConfigs TopicConfigs
 
+	// Source is the relay's kind (OUTBOX_SOURCE): wal (default) reads the
+	// slot; poll reads unpublished rows from the table and marks them
+	// (sql/variants/outbox_poll.sql), with no slot, publication or
+	// REPLICATION attribute, and several instances sharing the work.
+	Source string
+	// PollInterval is how often poll mode reads the table when nothing woke
+	// it (OUTBOX_POLL_INTERVAL, default 100ms).
+	PollInterval time.Duration
+	// PollBatch and PollBatchBytes bound one read (OUTBOX_POLL_BATCH,
+	// default 1000 rows; OUTBOX_POLL_BATCH_BYTES, default 4 MiB).
+	PollBatch      int
+	PollBatchBytes int
+	// PollBuckets is how many buckets (by hash of the aggregate id) the
+	// instances share (OUTBOX_POLL_BUCKETS, default 16); every instance
+	// of a table must use the same.
+	PollBuckets int
+	// PollChannel is the LISTEN channel that wakes poll mode at once
+	// (OUTBOX_POLL_NOTIFY_CHANNEL, default outbox_poll, as the variant's
+	// trigger notifies; off: poll only).
+	PollChannel string
+
 	envs []string
 }
 
@@ -158,6 +179,12 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Int(&c.TopicPartitions, "topic-partitions", "OUTBOX_TOPIC_PARTITIONS", 6, "partitions of created topics")
 	b.Int(&c.TopicReplicationFactor, "topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the broker's default)")
 	b.Var(&c.TopicConfigs, "topic-configs", "OUTBOX_TOPIC_CONFIGS", "configs of created topics, k=v,k=v")
+	b.String(&c.Source, "source", "OUTBOX_SOURCE", "wal", "wal: read the replication slot; poll: read unpublished rows from the table (no slot; sql/variants/outbox_poll.sql)")
+	b.Duration(&c.PollInterval, "poll-interval", "OUTBOX_POLL_INTERVAL", 100*time.Millisecond, "poll mode: how often the table is read when no NOTIFY woke the relay")
+	b.Int(&c.PollBatch, "poll-batch", "OUTBOX_POLL_BATCH", 1000, "poll mode: most rows per read")
+	b.Int(&c.PollBatchBytes, "poll-batch-bytes", "OUTBOX_POLL_BATCH_BYTES", 4<<20, "poll mode: about the most bytes per read (at least one row)")
+	b.Int(&c.PollBuckets, "poll-buckets", "OUTBOX_POLL_BUCKETS", 16, "poll mode: buckets of aggregate ids the instances share (the same on every instance)")
+	b.String(&c.PollChannel, "poll-notify-channel", "OUTBOX_POLL_NOTIFY_CHANNEL", "outbox_poll", "poll mode: LISTEN channel that wakes the relay (off: poll only)")
 	c.Route = route.DefaultConfig()
 	c.Route.Bind(b)
 	c.envs = b.EnvVars()
@@ -201,6 +228,24 @@ func (c *Config) Validate() error {
 	}
 	if c.Snapshot != "initial" && c.Snapshot != "never" {
 		errs = append(errs, fmt.Errorf("OUTBOX_SNAPSHOT: %q; use initial or never", c.Snapshot))
+	}
+	switch c.Source {
+	case "wal":
+	case "poll":
+		if c.PollInterval < time.Millisecond {
+			errs = append(errs, fmt.Errorf("OUTBOX_POLL_INTERVAL: %s; use at least 1ms", c.PollInterval))
+		}
+		if c.PollBatch < 1 || c.PollBatchBytes < 1 {
+			errs = append(errs, fmt.Errorf("OUTBOX_POLL_BATCH (%d) and OUTBOX_POLL_BATCH_BYTES (%d) must be positive", c.PollBatch, c.PollBatchBytes))
+		}
+		if c.PollBuckets < 1 || c.PollBuckets > 1024 {
+			errs = append(errs, fmt.Errorf("OUTBOX_POLL_BUCKETS: %d; use 1 to 1024, the same on every instance", c.PollBuckets))
+		}
+		if c.PollChannel != "off" && !identRE.MatchString(c.PollChannel) {
+			errs = append(errs, fmt.Errorf("OUTBOX_POLL_NOTIFY_CHANNEL: %q; use a plain lower-case identifier, or off", c.PollChannel))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("OUTBOX_SOURCE: %q; use wal (read the replication slot) or poll (read the table)", c.Source))
 	}
 	if c.OnOffsetsLoss != "fail" && c.OnOffsetsLoss != "at-least-once" {
 		errs = append(errs, fmt.Errorf("OUTBOX_ON_OFFSETS_LOSS: %q; use fail or at-least-once", c.OnOffsetsLoss))

@@ -55,6 +55,16 @@ type Metrics struct {
 	// registry's sake and wait to be tried again, by class
 	// (registry-unavailable, schema-rejected): the line waits meanwhile.
 	RouteRetries *prometheus.CounterVec
+	// PollQueries counts poll mode's statements on the primary, by kind
+	// (read, mark, readers, lock, unlock): its load on the database.
+	PollQueries *prometheus.CounterVec
+	// PollRows counts the rows poll mode's reads returned (each is
+	// published once in the normal case: rows per event is this over
+	// events published).
+	PollRows prometheus.Counter
+	// PollBuckets is how many buckets of the outbox this instance owns in
+	// poll mode.
+	PollBuckets prometheus.Gauge
 	// outbox_connector_leader is a gauge function the relay registers
 	// (computed at scrape time from the lease, see relay.New).
 }
@@ -143,11 +153,23 @@ func New() *Metrics {
 			Name: "outbox_connector_snapshot_events_total",
 			Help: "Rows published by initial snapshots.",
 		}),
+		PollQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_connector_poll_queries_total",
+			Help: "Statements poll mode (OUTBOX_SOURCE=poll) ran on the database, by kind (read, mark, readers, lock, unlock).",
+		}, []string{"kind"}),
+		PollRows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_poll_rows_read_total",
+			Help: "Unpublished rows poll mode's reads returned.",
+		}),
+		PollBuckets: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_connector_poll_buckets_owned",
+			Help: "Buckets of the outbox (by hash of the aggregate id) this instance owns in poll mode.",
+		}),
 	}
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
 		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit,
 		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss,
-		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast, m.RouteRetries)
+		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast, m.RouteRetries, m.PollQueries, m.PollRows, m.PollBuckets)
 	return m
 }
 

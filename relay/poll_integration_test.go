@@ -1,0 +1,318 @@
+package relay
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/config"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
+)
+
+// Tests of poll mode (OUTBOX_SOURCE=poll, relay/poll): the table reader
+// with no slot.
+
+// pollConfig is testConfig in poll mode.
+func pollConfig(t testing.TB, dsn, brokers string) config.Config {
+	t.Helper()
+	cfg := testConfig(t, dsn, brokers)
+	cfg.Source = "poll"
+	cfg.PollInterval = 50 * time.Millisecond
+	cfg.PollBatch = 200
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// preparePoll applies sql/variants/outbox_poll.sql.
+func preparePoll(t testing.TB, pg *testenv.Postgres) {
+	t.Helper()
+	if err := pg.Psql("outbox", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitPolling waits until the relay's poll session owns buckets.
+func (r *running) waitPolling(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !r.relay.Leading() {
+		select {
+		case err := <-r.done:
+			t.Fatalf("relay stopped before polling: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("relay never owned a bucket")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPollDelivers: poll mode delivers what writers commit (with the NOTIFY
+// hint and without it), every row marked afterwards, nothing of a
+// rolled-back transaction, without a slot or a publication being made.
+func TestPollDelivers(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	preparePoll(t, pg)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	for _, channel := range []string{"outbox_poll", "off"} {
+		t.Run("notify="+channel, func(t *testing.T) {
+			aggType := uniqueType("poll")
+			w := testenv.NewWriter()
+			w.Write(t, ctx, conn, aggType, 200, 10, 20) // before the start
+			c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+			cfg := pollConfig(t, pg.DSN("outbox"), brokers)
+			cfg.PollChannel = channel
+			run := startRelay(t, cfg)
+			run.waitPolling(t)
+			w.Write(t, ctx, conn, aggType, 300, 10, 20)
+			// A rolled-back transaction: never published.
+			ghost := uuid.NewString()
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'agg-0', 'Ghost', '{}')`, ghost, aggType); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			w.Write(t, ctx, conn, aggType, 100, 10, 20)
+			c.WaitFor(t, w.Events, 60*time.Second)
+			if err := run.stop(t); err != nil {
+				t.Fatalf("relay stopped with %v", err)
+			}
+			if dups := c.Verify(t, w.Events); dups != 0 {
+				t.Errorf("%d duplicates without any fault", dups)
+			}
+			for _, r := range c.Records() {
+				if testenv.Header(r, "id") == ghost {
+					t.Errorf("the rolled-back event %s was published", ghost)
+				}
+			}
+			var unmarked int
+			if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE aggregatetype = $1 AND published_at IS NULL", aggType).Scan(&unmarked); err != nil {
+				t.Fatal(err)
+			}
+			if unmarked != 0 {
+				t.Errorf("%d delivered rows not marked published", unmarked)
+			}
+		})
+	}
+	var slots, pubs int
+	if err := conn.QueryRow(ctx, "SELECT (SELECT count(*) FROM pg_replication_slots), (SELECT count(*) FROM pg_publication WHERE pubname <> 'outbox_pub')").Scan(&slots, &pubs); err != nil {
+		t.Fatal(err)
+	}
+	if slots != 0 {
+		t.Errorf("poll mode made %d replication slots", slots)
+	}
+}
+
+// TestPollNotPrepared: a table without the variant's columns stops the
+// connector at once with what to apply.
+func TestPollNotPrepared(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	run := startRelay(t, pollConfig(t, pg.DSN("outbox"), brokers))
+	select {
+	case err := <-run.done:
+		if !fatal.Is(err) || !strings.Contains(err.Error(), "sql/variants/outbox_poll.sql") {
+			t.Fatalf("Run returned %v; want a fatal error naming sql/variants/outbox_poll.sql", err)
+		}
+		run.done <- err
+	case <-time.After(60 * time.Second):
+		t.Fatal("poll mode ran on an unprepared table")
+	}
+}
+
+// TestPollLateCommit trips the commit-order gap that loses events in a
+// cursor-based poller: a transaction takes its sequence value first and
+// commits last, while later ones commit and are polled and published. Its
+// event still arrives, and its aggregate's order holds.
+func TestPollLateCommit(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	preparePoll(t, pg)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	aggType := uniqueType("late")
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	run := startRelay(t, pollConfig(t, pg.DSN("outbox"), brokers))
+	run.waitPolling(t)
+
+	for round := range 5 {
+		late := pg.Conn(t, "outbox")
+		tx, err := late.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lateID := uuid.NewString()
+		var lateSeq int64
+		if err := tx.QueryRow(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'late', 'Late', '{}') RETURNING seq`, lateID, aggType).Scan(&lateSeq); err != nil {
+			t.Fatal(err)
+		}
+		// Later writes commit, are read, published and marked.
+		var ids []string
+		for i := range 20 {
+			id := uuid.NewString()
+			ids = append(ids, id)
+			if _, err := conn.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, 'Early', '{}')`, id, aggType, "agg-"+string(rune('a'+i%5))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitMarked(t, conn, ids)
+		var maxSeq int64
+		if err := conn.QueryRow(ctx, "SELECT max(seq) FROM outbox WHERE published_at IS NOT NULL").Scan(&maxSeq); err != nil {
+			t.Fatal(err)
+		}
+		if maxSeq <= lateSeq {
+			t.Fatalf("round %d: the later rows (up to seq %d) do not follow the late one (%d)", round, maxSeq, lateSeq)
+		}
+		// Now the late transaction commits, below everything published.
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitMarked(t, conn, []string{lateID})
+		deadline := time.Now().Add(30 * time.Second)
+		for !hasID(c.Records(), lateID) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the late commit (seq %d, below %d already published) never arrived", round, lateSeq, maxSeq)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		late.Close(ctx)
+	}
+}
+
+func hasID(recs []*kgo.Record, id string) bool {
+	for _, r := range recs {
+		if testenv.Header(r, "id") == id {
+			return true
+		}
+	}
+	return false
+}
+
+// waitMarked waits until every row of ids is marked published.
+func waitMarked(t testing.TB, conn *pgx.Conn, ids []string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE id = ANY($1::uuid[]) AND published_at IS NOT NULL", ids).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == len(ids) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rows marked published after 30s", n, len(ids))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPollSameRecordsAsWAL: the records poll mode makes of rows are those
+// the WAL mode makes of the same rows, byte for byte: topic, partition key,
+// value and headers (the lease token aside, which is each term's own).
+func TestPollSameRecordsAsWAL(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	preparePoll(t, pg)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	aggType := uniqueType("same")
+	topic := "outbox.event." + aggType
+
+	// The WAL mode streams the rows (the slot made before they are written).
+	walRun := startRelay(t, testConfig(t, pg.DSN("outbox"), brokers))
+	walRun.waitStreaming(t)
+	payloads := []string{
+		`{"a": 1, "nested": {"x": [1, 2.5, "three", null, true]}}`, `{}`, `"a string"`, `12345678901234567890`,
+		`{"unicode": "żółw 🐢 \u0001"}`, `null`, `[1, {"b": "c"}]`,
+	}
+	var ids []string
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range payloads {
+		id := uuid.NewString()
+		ids = append(ids, id)
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, 'Same', $4)`, id, aggType, "agg-"+string(rune('a'+i%3)), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'agg-null', 'Same', NULL)`, uuid.NewString(), aggType); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := testenv.StartConsumer(t, brokers, topic)
+	want := len(payloads) + 1
+	waitCount(t, c, want)
+	if err := walRun.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	// The WAL mode does not mark rows: poll mode publishes them all.
+	pollRun := startRelay(t, pollConfig(t, pg.DSN("outbox"), brokers))
+	waitCount(t, c, 2*want)
+	if err := pollRun.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	recs := c.Records()
+	first := map[string]*kgo.Record{}
+	compared := 0
+	for _, r := range recs {
+		id := testenv.Header(r, "id")
+		w, ok := first[id]
+		if !ok {
+			first[id] = r
+			continue
+		}
+		compared++
+		if w.Topic != r.Topic || string(w.Key) != string(r.Key) || string(w.Value) != string(r.Value) {
+			t.Errorf("event %s: WAL mode %s/%q/%q, poll mode %s/%q/%q", id, w.Topic, w.Key, w.Value, r.Topic, r.Key, r.Value)
+		}
+		if a, b := headersBut(w, TokenHeader), headersBut(r, TokenHeader); a != b {
+			t.Errorf("event %s: headers differ: WAL mode %s, poll mode %s", id, a, b)
+		}
+	}
+	if compared != want {
+		t.Errorf("compared %d events, want %d", compared, want)
+	}
+}
+
+func headersBut(r *kgo.Record, skip string) string {
+	var b strings.Builder
+	for _, h := range r.Headers {
+		if h.Key != skip {
+			b.WriteString(h.Key + "=" + string(h.Value) + ";")
+		}
+	}
+	return b.String()
+}
+
+func waitCount(t testing.TB, c *testenv.Consumer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for c.Count() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records after 60s, want %d", c.Count(), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+

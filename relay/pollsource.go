@@ -1,0 +1,262 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
+	"github.com/pgoutbox/pgoutbox/relay/config"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
+	"github.com/pgoutbox/pgoutbox/relay/poll"
+	"github.com/pgoutbox/pgoutbox/relay/publish"
+	"github.com/pgoutbox/pgoutbox/relay/tracker"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
+	"github.com/pgoutbox/pgoutbox/route"
+)
+
+// rebalanceEvery is how often a poll session looks how many readers share
+// the table, and takes or gives up buckets.
+const rebalanceEvery = time.Second
+
+// runPoll is Run for OUTBOX_SOURCE=poll: no lease and no slot; every
+// instance reads the buckets it owns (see relay/poll), reconnecting after
+// transient failures, until ctx is done.
+func (r *Relay) runPoll(ctx context.Context, pool *pgxpool.Pool) error {
+	backoff := retry.New(500*time.Millisecond, 30*time.Second)
+	r.log.Info("poll mode: reading unpublished rows from the table (no slot); at-least-once with the idempotent producer",
+		"table", r.schema+"."+r.table, "interval", r.cfg.PollInterval, "buckets", r.cfg.PollBuckets)
+	for {
+		started := time.Now()
+		err := r.pollSession(ctx, pool)
+		r.polling.Store(false)
+		r.metrics.PollBuckets.Set(0)
+		r.pollOwned.Store(0)
+		switch {
+		case ctx.Err() != nil:
+			if fatal.Is(err) {
+				return err
+			}
+			return nil
+		case fatal.Is(err):
+			return err
+		case err == nil:
+			err = errors.New("the poll session ended with no error while the connector runs")
+		}
+		msg := config.RedactError(err, r.cfg.PGDSN)
+		r.lastErr.Store(&msg)
+		if time.Since(started) > time.Minute {
+			backoff.Reset()
+		}
+		r.metrics.Reconnects.WithLabelValues(target(err)).Inc()
+		wait := backoff.NextBackOff()
+		r.log.Warn("poll session interrupted; reconnecting", "err", msg, "backoff", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// pollSession is one connection to PostgreSQL (holding the buckets' locks)
+// and one Kafka client. Each round it reads a batch of its buckets'
+// unpublished rows, hands them to the producer, waits until Kafka acked
+// them all (or they are durably dead-lettered), and marks them published.
+// At a soft stop it finishes the batch in hand: acked and marked.
+func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
+	stop := newStopper(ctx, context.Background(), r.cfg.ShutdownTimeout)
+	defer stop.release()
+
+	conn, err := pgx.Connect(stop.read, r.cfg.PGDSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	rd, err := poll.Open(stop.read, conn, poll.Config{
+		Schema: r.schema, Table: r.table, Key: r.router.Config().FieldEventKey,
+		Buckets: r.cfg.PollBuckets, Batch: r.cfg.PollBatch, BatchBytes: r.cfg.PollBatchBytes,
+	})
+	if errors.Is(err, poll.ErrNotPrepared) {
+		return &fatal.Error{Msg: "OUTBOX_SOURCE=poll", Err: err}
+	}
+	if err != nil {
+		return err
+	}
+	rd.Queries = func(kind string) { r.metrics.PollQueries.WithLabelValues(kind).Inc() }
+
+	var relID uint32
+	if err := conn.QueryRow(stop.read, "SELECT $1::regclass::oid", pgx.Identifier{r.schema, r.table}.Sanitize()).Scan(&relID); err != nil {
+		return fmt.Errorf("find the outbox table %s.%s: %w", r.schema, r.table, err)
+	}
+	infos, err := wal.ColumnInfoOf(conn)(stop.read, relID)
+	if err != nil {
+		return fmt.Errorf("poll mode: %w", err)
+	}
+
+	wake := make(chan struct{}, 1)
+	var listening errgroup.Group
+	if r.cfg.PollChannel != "off" {
+		lconn, err := pgx.Connect(stop.read, r.cfg.PGDSN)
+		if err != nil {
+			return fmt.Errorf("connect to LISTEN: %w", err)
+		}
+		defer func() { _ = lconn.Close(context.WithoutCancel(ctx)) }()
+		if _, err := lconn.Exec(stop.read, "LISTEN "+pgx.Identifier{r.cfg.PollChannel}.Sanitize()); err != nil {
+			return fmt.Errorf("LISTEN %s: %w", r.cfg.PollChannel, err)
+		}
+		// Only a hint: a lost notification costs one interval, and the
+		// listener failing costs the wake-ups, not the session.
+		listening.Go(func() error {
+			for {
+				if _, err := lconn.WaitForNotification(stop.read); err != nil {
+					if stop.read.Err() == nil {
+						r.log.Warn("poll mode: LISTEN connection failed; polling every interval only", "err", err)
+					}
+					return nil
+				}
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		})
+		defer func() { _ = listening.Wait() }()
+		defer stop.cutRead()
+	}
+
+	kcl, err := r.newKafkaClient("", false)
+	if err != nil {
+		return err
+	}
+	defer kcl.Close()
+
+	tr := tracker.New(0)
+	r.cur.Store(tr)
+	events := make(chan wal.Event, handOver)
+	headers := []kgo.RecordHeader{{Key: TokenHeader, Value: []byte("0")}}
+	cfg := r.pollProducerConfig(headers)
+	prod := publish.New(cfg, kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
+	prodDone := make(chan struct{})
+	var producing errgroup.Group
+	producing.Go(func() error {
+		defer close(prodDone)
+		return prod.Run(stop.hard, events, stop.cutRead)
+	})
+
+	r.polling.Store(true)
+	loopErr := r.pollLoop(stop, rd, tr, events, prodDone, wake, infos)
+	stop.cutRead()
+	close(events)
+	prodErr := producing.Wait()
+	tr.Reset()
+	switch {
+	case prodErr != nil && (ctx.Err() == nil || !errors.Is(prodErr, context.Canceled)):
+		return &kafkaError{prodErr}
+	case loopErr != nil && ctx.Err() == nil:
+		return loopErr
+	}
+	return loopErr
+}
+
+// pollLoop reads, publishes and marks batches until a stop or a failure.
+func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, events chan<- wal.Event, prodDone <-chan struct{}, wake <-chan struct{}, infos map[string]*route.ColumnInfo) error {
+	var rebalanced time.Time
+	var batch tracker.LSN
+	table := r.schema + "." + r.table
+	for stop.read.Err() == nil {
+		if time.Since(rebalanced) >= rebalanceEvery {
+			if err := rd.Rebalance(stop.read); err != nil {
+				return err
+			}
+			rebalanced = time.Now()
+			r.pollOwned.Store(int64(len(rd.Owned())))
+			r.metrics.PollBuckets.Set(float64(len(rd.Owned())))
+		}
+		r.lookStall(time.Now())
+		rows, err := rd.Read(stop.read)
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			select {
+			case <-wake:
+			case <-time.After(r.cfg.PollInterval):
+			case <-stop.read.Done():
+			}
+			continue
+		}
+		r.metrics.PollRows.Add(float64(len(rows)))
+		batch++
+		txn := tr.Begin(batch)
+		for _, pr := range rows {
+			row := &route.Row{Columns: make([]route.Column, len(pr.Fields)), Source: route.Source{Table: table}}
+			for i, f := range pr.Fields {
+				c := &row.Columns[i]
+				c.Name, c.Type, c.TypeMod, c.HasTypeMod = f.Name, f.DataTypeOID, f.TypeModifier, true
+				c.Info = infos[f.Name]
+				// The row as it was inserted, as the WAL mode reads it:
+				// not yet marked.
+				if pr.Values[i] == nil || f.Name == poll.Published {
+					c.Null = true
+				} else {
+					c.Value = pr.Values[i]
+				}
+			}
+			txn.Add()
+			// A soft stop lets the batch in hand finish; a producer that
+			// stopped, or the hard stop, does not.
+			select {
+			case events <- wal.Event{Txn: txn, Row: row}:
+			case <-prodDone:
+				// Never committed in the tracker: nothing of the batch is
+				// marked; the next owner reads it again.
+				txn.Abandon()
+				return errors.New("poll mode: the producer stopped")
+			case <-stop.hard.Done():
+				txn.Abandon()
+				return stop.hard.Err()
+			}
+		}
+		txn.Commit(batch)
+		// Wait for the whole batch, past a soft stop (until the hard one):
+		// what Kafka has is then marked, and not published again.
+		for tr.Acked() < batch {
+			select {
+			case <-tr.Changed():
+			case <-time.After(time.Second):
+				r.lookStall(time.Now())
+			case <-prodDone:
+				if tr.Acked() >= batch {
+					break
+				}
+				return errors.New("poll mode: the producer stopped before Kafka acknowledged the batch")
+			case <-stop.hard.Done():
+				return stop.hard.Err()
+			}
+		}
+		if err := rd.Mark(stop.hard, rows); err != nil {
+			return err
+		}
+		r.lookStall(time.Now())
+	}
+	return nil
+}
+
+// pollProducerConfig is the producer's configuration in poll mode: no
+// lease (the buckets' locks fence), no Kafka transactions.
+func (r *Relay) pollProducerConfig(headers []kgo.RecordHeader) publish.Config {
+	return publish.Config{
+		DLQTopic: r.cfg.DLQTopic, MaxMessageBytes: r.cfg.MaxMessageBytes, TopicCreate: r.cfg.TopicCreate,
+		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
+		TopicConfigs: r.cfg.TopicConfigs, Headers: func() []kgo.RecordHeader { return headers }, Published: &r.published,
+		Poison: &r.poison, Faults: r.faults,
+		Blocked: func(reason string) { r.lastErr.Store(&reason) },
+	}
+}

@@ -1,0 +1,56 @@
+-- Variant (not applied by default): what the connector's poll mode
+-- (OUTBOX_SOURCE=poll) needs on the outbox table, for databases where a
+-- replication slot is not possible. Apply it after sql/001_outbox.sql and
+-- sql/003_dead_letter.sql. Writers need no change: every column has a default.
+--
+-- seq: taken at INSERT from a sequence handing out one value at a time
+-- (CACHE 1), so that where the application serialises an aggregate's writes
+-- a later write has a larger value. The relay publishes each aggregate's rows
+-- in this order. It is never a cursor: a transaction that took a value first
+-- may commit last, and the relay reads every unpublished row visible now,
+-- whatever its value (no skipped late commit).
+-- On a partitioned outbox before PostgreSQL 17 use a sequence default instead
+-- of an identity column: ADD COLUMN seq bigserial.
+ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS seq bigint GENERATED ALWAYS AS IDENTITY;
+
+-- published_at: set by the relay once Kafka has the row (or it is durably
+-- dead-lettered). Rows stay in the table for their retention (maintain
+-- deletes them by age), as in the WAL mode's table mode.
+ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS published_at timestamptz;
+
+-- The relay's reads scan only this index: unpublished rows, in seq order.
+-- It stays as small as the backlog (an entry leaves it once its row is
+-- marked and vacuumed).
+CREATE INDEX IF NOT EXISTS outbox_unpublished_idx ON public.outbox (seq) WHERE published_at IS NULL;
+
+-- A wake-up hint: one NOTIFY per inserting statement, so the relay polls at
+-- once instead of at its next interval. Only a hint (NOTIFY is at most once
+-- and does not pass a transaction pooler): the interval is the safety net.
+-- Its cost: every transaction that notifies takes a cluster-wide lock at
+-- commit, one at a time; drop the trigger on a write-heavy primary and lower
+-- OUTBOX_POLL_INTERVAL instead.
+CREATE OR REPLACE FUNCTION public.outbox_poll_notify() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('outbox_poll', '');
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS outbox_poll_notify ON public.outbox;
+CREATE TRIGGER outbox_poll_notify AFTER INSERT ON public.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_poll_notify();
+
+-- The poll mode's least-privilege role: no REPLICATION, no slot, no
+-- publication. It reads the outbox, marks what it published, writes dead
+-- letters. No password here: set it out of band.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_poller') THEN
+        CREATE ROLE outbox_poller LOGIN;
+    END IF;
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO outbox_poller', current_database());
+END
+$$;
+GRANT USAGE ON SCHEMA public TO outbox_poller;
+GRANT SELECT, UPDATE (published_at) ON public.outbox TO outbox_poller;
+GRANT SELECT, INSERT ON public.outbox_dead_letter TO outbox_poller;
