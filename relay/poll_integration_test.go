@@ -315,4 +315,3 @@ func waitCount(t testing.TB, c *testenv.Consumer, n int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-

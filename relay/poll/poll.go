@@ -281,4 +281,3 @@ func (r *Reader) Mark(ctx context.Context, rows []Row) error {
 	}
 	return nil
 }
-
