@@ -32,8 +32,14 @@ type Cleaner struct {
 	Pause time.Duration
 }
 
+// cleanupSQL deletes a batch of expired rows. On a table prepared for the
+// connector's poll mode (sql/variants/outbox_poll.sql) it keeps the rows not
+// yet published (published_at NULL), whatever their age: deleting one would
+// lose its event. The row's JSON finds the column where it exists and is
+// NULL SQL where it does not, so one statement serves both tables.
 const cleanupSQL = `DELETE FROM %[1]s WHERE id IN (
-	SELECT id FROM %[1]s WHERE created_at < now() - make_interval(secs => $1)
+	SELECT id FROM %[1]s o WHERE created_at < now() - make_interval(secs => $1)
+	  AND (to_jsonb(o) -> 'published_at') IS DISTINCT FROM 'null'::jsonb
 	ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)`
 
 // DeleteExpired deletes every expired row, batch by batch, and returns how

@@ -208,8 +208,12 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.
 		return ids, nil
 	}
 	for _, s := range stmts {
-		if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
+		tag, err := tx.Exec(ctx, s.sql, s.args...)
+		if err != nil {
 			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
+		}
+		if s.guarded && tag.RowsAffected() == 0 {
+			return nil, w.errPollMode()
 		}
 	}
 	return ids, nil
@@ -232,8 +236,14 @@ func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]u
 		return nil, err
 	}
 	for _, s := range stmts {
-		if _, err := tx.ExecContext(ctx, s.sql, s.args...); err != nil {
+		res, err := tx.ExecContext(ctx, s.sql, s.args...)
+		if err != nil {
 			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
+		}
+		if s.guarded {
+			if n, err := res.RowsAffected(); err == nil && n == 0 {
+				return nil, w.errPollMode()
+			}
 		}
 	}
 	return ids, nil
@@ -242,6 +252,9 @@ func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]u
 type statement struct {
 	sql  string
 	args []any
+	// guarded: a statement that returns no row when it refused to write
+	// (see pollGuard).
+	guarded bool
 }
 
 func (w *Writer) statements(events []Event) ([]statement, []uuid.UUID, error) {
@@ -285,13 +298,13 @@ func (w *Writer) statements(events []Event) ([]statement, []uuid.UUID, error) {
 		// DELETE in the same statement (a data-modifying CTE sees the
 		// snapshot from before it), so one statement cannot do both.
 		if len(ids) == 1 {
-			stmts = append(stmts, statement{"DELETE FROM " + w.table + " WHERE id = $1", []any{ids[0].String()}})
+			stmts = append(stmts, statement{"DELETE FROM " + w.table + " WHERE id = $1", []any{ids[0].String()}, false})
 		} else {
 			strs := make([]string, len(ids))
 			for i, id := range ids {
 				strs[i] = id.String()
 			}
-			stmts = append(stmts, statement{"DELETE FROM " + w.table + " WHERE id = ANY($1::uuid[])", []any{strs}})
+			stmts = append(stmts, statement{"DELETE FROM " + w.table + " WHERE id = ANY($1::uuid[])", []any{strs}, false})
 		}
 	}
 	return stmts, ids, nil
@@ -360,7 +373,7 @@ func (w *Writer) insertStatements(events []Event, ids []uuid.UUID, payloads []an
 			}
 			b.WriteByte(')')
 		}
-		stmts = append(stmts, statement{b.String(), args})
+		stmts = append(stmts, statement{b.String(), args, false})
 	}
 	return stmts, nil
 }
@@ -391,12 +404,27 @@ func (w *Writer) messageStatement(events []Event, ids []uuid.UUID, payloads []an
 		}
 		contents[i] = string(b)
 	}
+	// Emitted only where no poll-mode relay reads the outbox table (see
+	// pollGuard): then the statement returns no row, and Write says why.
 	if len(contents) == 1 {
-		return statement{"SELECT pg_logical_emit_message(true, $1, $2::jsonb::text)", []any{w.prefix, contents[0]}}, nil
+		return statement{"SELECT pg_logical_emit_message(true, $1, $2::jsonb::text) WHERE " + pollGuard(3), []any{w.prefix, contents[0], w.table}, true}, nil
 	}
 	// unnest WITH ORDINALITY ... ORDER BY keeps the caller's order.
 	return statement{`SELECT count(pg_logical_emit_message(true, $1, m::jsonb::text))
-FROM (SELECT m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, n) ORDER BY n) AS s`, []any{w.prefix, contents}}, nil
+FROM (SELECT m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, n) ORDER BY n) AS s WHERE ` + pollGuard(3) + ` HAVING count(*) > 0`, []any{w.prefix, contents, w.table}, true}, nil
+}
+
+// pollGuard is true unless the outbox table (parameter $n) is prepared for
+// the connector's poll mode (sql/variants/outbox_poll.sql adds
+// published_at): a poll-mode relay reads the table, never the WAL, so a
+// message would be lost. One catalog lookup, from the server's cache.
+func pollGuard(n int) string {
+	return fmt.Sprintf("NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($%d) AND attname = 'published_at' AND NOT attisdropped)", n)
+}
+
+// errPollMode is Write's error for a message a poll-mode relay would never see.
+func (w *Writer) errPollMode() error {
+	return fmt.Errorf("outbox: %s is prepared for the connector's poll mode (it has published_at, sql/variants/outbox_poll.sql), which reads the table and never the WAL: a message (ModeMessage) would never be published; write in ModeTable (delete-after-insert is refused by the table's trigger too)", w.table)
 }
 
 func isBase(c string) bool {

@@ -254,3 +254,71 @@ func TestCleanerDeletesExpiredInBatches(t *testing.T) {
 		t.Fatalf("deleted %d (want 2500), %d recent rows left of %d (want 100 of 100)", n, left, total)
 	}
 }
+
+// TestPollModeTable: on a table prepared for the connector's poll mode
+// (sql/variants/outbox_poll.sql), which reads the table and never the WAL,
+// table mode writes, the WAL-only modes are refused with a clear error and
+// write nothing, and the Cleaner keeps expired rows not yet published.
+func TestPollModeTable(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	if err := pg.Psql("outbox", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	ev := outbox.Event{AggregateType: "Poll", AggregateID: "a", Type: "T", Payload: map[string]int{"n": 1}}
+	for _, c := range []struct {
+		mode outbox.Mode
+		want string // in the error; "" for none
+	}{
+		{outbox.ModeTable, ""},
+		{outbox.ModeDeleteAfterInsert, "not published yet and a poll-mode relay reads this table"},
+		{outbox.ModeMessage, "prepared for the connector's poll mode"},
+	} {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			w, err := outbox.New(outbox.Config{Mode: c.mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []int{1, 3} {
+				evs := make([]outbox.Event, n)
+				for i := range evs {
+					evs[i] = ev
+				}
+				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					_, err := w.Write(ctx, tx, evs...)
+					return err
+				})
+				if c.want == "" && err != nil {
+					t.Fatalf("%d events: %v", n, err)
+				}
+				if c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+					t.Fatalf("%d events: error %v; want one saying %q", n, err, c.want)
+				}
+			}
+		})
+	}
+	var rows int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&rows); err != nil || rows != 4 {
+		t.Fatalf("%d rows (%v); want the 4 of table mode only", rows, err)
+	}
+
+	// The Cleaner: expired rows, half published.
+	if _, err := conn.Exec(ctx, "UPDATE outbox SET created_at = now() - interval '2 hours'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "UPDATE outbox SET published_at = now() WHERE seq IN (SELECT seq FROM outbox ORDER BY seq LIMIT 2)"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := outbox.Cleaner{Retention: time.Hour, BatchSize: 1}.DeleteExpired(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unpublished int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE published_at IS NULL").Scan(&unpublished); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || unpublished != 2 {
+		t.Fatalf("the Cleaner deleted %d rows (want the 2 published), %d unpublished left (want 2)", n, unpublished)
+	}
+}

@@ -40,6 +40,24 @@ DROP TRIGGER IF EXISTS outbox_poll_notify ON public.outbox;
 CREATE TRIGGER outbox_poll_notify AFTER INSERT ON public.outbox
     FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_poll_notify();
 
+-- A row deleted before it is published would never be published: refuse it.
+-- This stops a delete-after-insert writer (a WAL-only mode: the poll relay
+-- reads the table, not the WAL) at its first write, and a cleanup that would
+-- delete rows still waiting (the relay down for longer than the retention);
+-- the outbox package's Cleaner skips them. Dropping a partition is not a
+-- DELETE: drop only partitions whose rows are all published.
+CREATE OR REPLACE FUNCTION public.outbox_poll_refuse_delete() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'outbox row % is not published yet and a poll-mode relay reads this table: deleting it would lose the event', OLD.id
+        USING ERRCODE = 'restrict_violation',
+              HINT = 'Write in table mode (delete-after-insert and logical messages are for the WAL relay only), and delete only rows whose published_at is set.';
+END
+$$;
+DROP TRIGGER IF EXISTS outbox_poll_refuse_delete ON public.outbox;
+CREATE TRIGGER outbox_poll_refuse_delete BEFORE DELETE ON public.outbox
+    FOR EACH ROW WHEN (OLD.published_at IS NULL) EXECUTE FUNCTION public.outbox_poll_refuse_delete();
+
 -- The poll mode's least-privilege role: no REPLICATION, no slot, no
 -- publication. It reads the outbox, marks what it published, writes dead
 -- letters. No password here: set it out of band.
