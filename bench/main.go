@@ -79,7 +79,7 @@ func (s *Settings) bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.B
 	b.Bool(&s.Debezium, "debezium", "BENCH_DEBEZIUM", true, "measure Debezium Server too (resolves debezium-server-dist from Maven Central on the first run)")
 	b.String(&s.DebeziumJava, "debezium-java", "BENCH_DEBEZIUM_JAVA", "", "java binary (21+) for Debezium Server; default: the newest JDK under /usr/lib/jvm")
 	b.Bool(&s.Profile, "profile", "BENCH_PROFILE", true, "profile a connector drain with pprof")
-	b.String(&s.only, "only", "BENCH_ONLY", "drain,latency,micro", "parts to run: drain, latency, micro (the hot paths' go test benchmarks); hold: start the environment, print it and wait, for development")
+	b.String(&s.only, "only", "BENCH_ONLY", "drain,latency,poll,micro", "parts to run: drain, latency, poll (the two relay kinds side by side, and poll mode's idle load), micro (the hot paths' go test benchmarks); hold: start the environment, print it and wait, for development")
 	b.Duration(&s.Budget, "budget", "BENCH_BUDGET", 28*time.Minute, "time budget; parts not started within it are skipped and reported so")
 	b.String(&s.OutDir, "out", "BENCH_OUT", "bench/results", "directory for the JSON results and charts (relative to the module root)")
 	b.String(&s.Report, "report", "BENCH_REPORT", "bench/REPORT.md", "the report (relative to the module root)")
@@ -113,11 +113,11 @@ func (s *Settings) validate() error {
 	s.Only = map[string]bool{}
 	for _, p := range strings.Split(s.only, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "drain", "latency", "micro", "hold":
+		case "drain", "latency", "poll", "micro", "hold":
 			s.Only[p] = true
 		case "":
 		default:
-			errs = append(errs, fmt.Errorf("BENCH_ONLY: unknown part %q; use drain, latency, micro", p))
+			errs = append(errs, fmt.Errorf("BENCH_ONLY: unknown part %q; use drain, latency, poll, micro", p))
 		}
 	}
 	return errors.Join(errs...)
@@ -304,6 +304,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			b.res.Notes = append(b.res.Notes, "latency skipped: time budget spent")
 		} else {
 			b.res.Latency = b.latencyLevels(ctx)
+		}
+	}
+	if cfg.Only["poll"] && ctx.Err() == nil {
+		if time.Now().After(deadline) {
+			b.res.Notes = append(b.res.Notes, "poll part skipped: time budget spent")
+		} else {
+			var err error
+			b.res.Poll, b.res.PollIdle, err = b.pollPart(ctx)
+			if err != nil {
+				log.Error("poll part", "err", err)
+				b.res.Notes = append(b.res.Notes, fmt.Sprintf("poll part: %v", err))
+			}
 		}
 	}
 	if cfg.Only["micro"] && ctx.Err() == nil {

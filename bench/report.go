@@ -279,6 +279,9 @@ func (b *bench) charts() (map[string]string, error) {
 		out[key] = rel(name)
 		return nil
 	}
+	if err := b.pollCharts(save); err != nil {
+		return nil, err
+	}
 	// Drain throughput.
 	{
 		c := &chart.Bars{Title: "Backlog drain: events per second (median of the runs)", YLabel: "events/s",
@@ -625,6 +628,7 @@ func (b *bench) markdown(charts map[string]string) string {
 		p("\n")
 	}
 
+	b.pollMarkdown(&w, charts)
 	p("## Debezium Server\n\n")
 	d := res.Debezium
 	switch {

@@ -141,6 +141,8 @@ type Results struct {
 	Drains       []DrainRun        `json:"drains"`
 	DrainSummary []DrainSummary    `json:"drain_summary"`
 	Latency      []LatencyRun      `json:"latency"`
+	Poll         []PollRun         `json:"poll,omitempty"`
+	PollIdle     []PollIdle        `json:"poll_idle,omitempty"`
 	Profiles     []ProfileResult   `json:"profiles,omitempty"`
 	Variants     []variant         `json:"connector_variants"`
 	Source       string            `json:"connector_source"`

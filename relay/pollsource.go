@@ -172,7 +172,7 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 	table := r.schema + "." + r.table
 	for stop.read.Err() == nil {
 		if time.Since(rebalanced) >= rebalanceEvery {
-			if err := rd.Rebalance(stop.read); err != nil {
+			if _, err := rd.Rebalance(stop.read); err != nil {
 				return err
 			}
 			rebalanced = time.Now()

@@ -152,52 +152,70 @@ func (r *Reader) Owned() []int { return slices.Clone(r.own) }
 // SeqColumn is the column ordering the rows.
 func (r *Reader) SeqColumn() string { return r.seq }
 
-// Readers counts the readers of the table now, this one included.
-func (r *Reader) Readers(ctx context.Context) (int, error) {
-	r.Queries("readers")
-	var n int
-	err := r.conn.QueryRow(ctx, `SELECT count(DISTINCT pid) FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND classid = $1::bigint::oid AND objsubid = 2`, r.memb).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("poll mode: count the readers: %w", err)
-	}
-	return max(n, 1), nil
+// queryShares is what Rebalance reads from pg_locks: how many readers
+// there are, which buckets are held (by anyone), and the fewest buckets any
+// reader holds.
+const queryShares = `
+WITH m AS (SELECT DISTINCT pid FROM pg_locks
+           WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             AND classid = $1::bigint::oid AND objsubid = 2),
+     b AS (SELECT pid, objid::bigint::int AS bucket FROM pg_locks
+           WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             AND classid = $2::bigint::oid AND objsubid = 2)
+SELECT (SELECT count(*) FROM m)::int,
+       coalesce((SELECT array_agg(bucket) FROM b), '{}'::int[]),
+       coalesce((SELECT min(c) FROM (SELECT count(b.bucket) AS c FROM m LEFT JOIN b USING (pid) GROUP BY m.pid) x), 0)::int`
+
+// Shares is what Rebalance saw.
+type Shares struct {
+	Readers int   // readers of the table, this one included
+	Held    []int // buckets held by any reader
+	Fewest  int   // the fewest buckets a reader holds
 }
 
-// Rebalance takes or gives up buckets so that this reader holds its fair
-// share, ceil(Buckets/readers). Call it only between batches: a bucket it
-// gives up may be read by another reader at once.
-func (r *Reader) Rebalance(ctx context.Context) error {
-	n, err := r.Readers(ctx)
-	if err != nil {
-		return err
+// Rebalance takes or gives up buckets so that every reader holds about
+// Buckets/readers: at most ceil(Buckets/readers), and while a reader holds
+// fewer than floor(Buckets/readers), the others give up what they hold
+// beyond the floor (one a round) and nobody takes beyond it. Only free
+// buckets are tried. Call it only between batches: a bucket it gives up may
+// be read by another reader at once.
+func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
+	var sh Shares
+	r.Queries("shares")
+	if err := r.conn.QueryRow(ctx, queryShares, r.memb, r.key1).Scan(&sh.Readers, &sh.Held, &sh.Fewest); err != nil {
+		return sh, fmt.Errorf("poll mode: read the readers' shares: %w", err)
 	}
-	share := (r.cfg.Buckets + n - 1) / n
+	n := max(sh.Readers, 1)
+	lo, hi := r.cfg.Buckets/n, (r.cfg.Buckets+n-1)/n
+	limit := hi
+	if sh.Fewest < lo {
+		// Someone is short of the floor: hold no more than it.
+		limit = max(lo, 1)
+	}
 	changed := false
-	for len(r.own) > share {
+	for len(r.own) > hi || (len(r.own) > limit && !changed) {
 		b := r.own[len(r.own)-1]
 		r.Queries("unlock")
 		if _, err := r.conn.Exec(ctx, "SELECT pg_advisory_unlock($1, $2)", r.key1, b); err != nil {
-			return fmt.Errorf("poll mode: give up bucket %d: %w", b, err)
+			return sh, fmt.Errorf("poll mode: give up bucket %d: %w", b, err)
 		}
 		r.own = r.own[:len(r.own)-1]
 		changed = true
 	}
-	if len(r.own) < share {
-		// Try the free buckets in a random order, so that readers starting
+	if !changed && len(r.own) < limit {
+		// The free buckets, in a random order, so that readers starting
 		// together do not all ask for the same ones.
 		for _, b := range rand.Perm(r.cfg.Buckets) {
-			if len(r.own) >= share {
+			if len(r.own) >= limit {
 				break
 			}
-			if slices.Contains(r.own, b) {
+			if slices.Contains(sh.Held, b) {
 				continue
 			}
 			var got bool
 			r.Queries("lock")
 			if err := r.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", r.key1, b).Scan(&got); err != nil {
-				return fmt.Errorf("poll mode: take bucket %d: %w", b, err)
+				return sh, fmt.Errorf("poll mode: take bucket %d: %w", b, err)
 			}
 			if got {
 				r.own = append(r.own, b)
@@ -209,7 +227,7 @@ func (r *Reader) Rebalance(ctx context.Context) error {
 		slices.Sort(r.own)
 		r.query = ""
 	}
-	return nil
+	return sh, nil
 }
 
 // Read returns the unpublished rows of the buckets held, in the order of
