@@ -1042,6 +1042,7 @@ func (h *pipeline) drain() {
 		}
 	}
 	target := h.tip
+	quirks := 0
 	for n := 0; h.confirmed < target; n++ {
 		if n == bound {
 			h.fail("not everything confirmed after %d sessions without faults: confirmed %d of %d", n, h.confirmed, target)
@@ -1055,6 +1056,16 @@ func (h *pipeline) drain() {
 		// Stopped by the producer (a refused record) or not, the state
 		// writer wrote what the tracker acked.
 		h.endSession("confirm acked", false)
+		if (errors.Is(s.err, errCommitAborted) || errors.Is(s.err, errCommitSkipped)) && quirks < 10 {
+			// franz-go aborted a transaction whose records were produced
+			// (with kfake, now and then, when a new client first produces
+			// to a topic inside a transaction): the producer ends the
+			// session, losing nothing, and the next reads again. Not a
+			// fault the drain cleared: it does not count.
+			quirks++
+			bound++
+			h.stats.add("drain sessions franz-go's abort ended", 1)
+		}
 	}
 	v := h.checkAt(h.confirmed, "drained")
 	for _, ev := range h.events {
