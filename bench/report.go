@@ -240,6 +240,7 @@ func (b *bench) write() error {
 		"drain.json":   map[string]any{"summary": res.DrainSummary, "runs": res.Drains},
 		"latency.json": res.Latency,
 		"profile.json": res.Profiles,
+		"poll.json":    map[string]any{"levels": res.Poll, "idle": res.PollIdle},
 		"run.json":     res,
 	} {
 		if err := writeJSON(b.out, name, v); err != nil {
@@ -421,7 +422,7 @@ func (b *bench) markdown(charts map[string]string) string {
 	s := res.Settings
 	m := res.Machine
 	p("# Benchmark report\n\n")
-	p("Written by `make bench` (`go run ./bench`) on %s; the run took %s. Every number below was measured in that run, side by side on the same machine; the raw results are in `bench/results/` (`run.json` holds everything, `drain.json`, `latency.json` and `profile.json` its parts). Regenerate with `make bench`; `go run ./bench -help` lists the settings.\n\n",
+	p("Written by `make bench` (`go run ./bench`) on %s; the run took %s. Every number below was measured in that run, side by side on the same machine; the raw results are in `bench/results/` (`run.json` holds everything, `drain.json`, `latency.json`, `poll.json` and `profile.json` its parts). Regenerate with `make bench`; `go run ./bench -help` lists the settings.\n\n",
 		res.FinishedAt.Format("2006-01-02 15:04 MST"), took)
 
 	p("## Goals\n\n| goal | target | this run | met |\n| --- | --- | --- | --- |\n")

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/outbox"
 	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/relay/fatal"
 )
@@ -313,5 +315,72 @@ func waitCount(t testing.TB, c *testenv.Consumer, n int) {
 			t.Fatalf("%d records after 60s, want %d", c.Count(), n)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPollTableBounded: under a sustained load, with published rows
+// deleted after a short retention (the outbox package's Cleaner, as
+// maintain runs it) and autovacuum as configured, the table and its indexes
+// stay bounded: they grow while the load warms up and then level off,
+// however long it runs. 40 s in make test; OUTBOX_SOAK=1 (make soak) runs
+// it for 10 minutes.
+func TestPollTableBounded(t *testing.T) {
+	run := 40 * time.Second
+	if os.Getenv("OUTBOX_SOAK") == "1" {
+		run = 10 * time.Minute
+	}
+	pg := testenv.StartPostgres(t, testenv.PGOptions{Settings: map[string]string{"autovacuum_naptime": "1s"}})
+	brokers := testenv.SharedKafka(t)
+	preparePoll(t, pg)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	aggType := uniqueType("bounded")
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	relay := startRelay(t, pollConfig(t, pg.DSN("outbox"), brokers))
+	relay.waitPolling(t)
+
+	load := testenv.StartLoad(t, pg.DSN("outbox"), aggType, 50, 2*time.Millisecond)
+	cleaner := outbox.Cleaner{Retention: 5 * time.Second, BatchSize: 500, Pause: time.Millisecond}
+	type sample struct {
+		at                      time.Duration
+		table, indexes, pending int64
+	}
+	var samples []sample
+	start := time.Now()
+	for time.Since(start) < run {
+		time.Sleep(2 * time.Second)
+		if _, err := cleaner.DeleteExpired(ctx, conn); err != nil {
+			t.Fatal(err)
+		}
+		var s sample
+		if err := conn.QueryRow(ctx, `SELECT pg_relation_size('outbox'), pg_indexes_size('outbox'), (SELECT count(*) FROM outbox WHERE published_at IS NULL)`).Scan(&s.table, &s.indexes, &s.pending); err != nil {
+			t.Fatal(err)
+		}
+		s.at = time.Since(start).Round(time.Second)
+		samples = append(samples, s)
+	}
+	events := load.Halt()
+	c.WaitFor(t, events, 60*time.Second)
+	if dups := c.Verify(t, events); dups != 0 {
+		t.Errorf("%d duplicates without any fault", dups)
+	}
+	// The middle third against the last third: a table that grows with
+	// the load's length has a last third well above its middle one.
+	third := len(samples) / 3
+	peak := func(ss []sample) (tbl, idx int64) {
+		for _, s := range ss {
+			tbl, idx = max(tbl, s.table), max(idx, s.indexes)
+		}
+		return tbl, idx
+	}
+	midT, midI := peak(samples[third : 2*third])
+	lastT, lastI := peak(samples[2*third:])
+	for _, s := range samples {
+		t.Logf("%6s table %7.2f MiB, indexes %7.2f MiB, unpublished rows %d", s.at, float64(s.table)/(1<<20), float64(s.indexes)/(1<<20), s.pending)
+	}
+	t.Logf("%d events over %s (%.0f/s); peak table %.2f MiB (middle third) vs %.2f MiB (last third), indexes %.2f vs %.2f MiB",
+		len(events), run, float64(len(events))/run.Seconds(), float64(midT)/(1<<20), float64(lastT)/(1<<20), float64(midI)/(1<<20), float64(lastI)/(1<<20))
+	if float64(lastT) > 1.5*float64(midT)+(1<<20) || float64(lastI) > 1.5*float64(midI)+(1<<20) {
+		t.Errorf("the table or its indexes kept growing: table %d -> %d bytes, indexes %d -> %d bytes", midT, lastT, midI, lastI)
 	}
 }
