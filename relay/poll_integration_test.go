@@ -384,3 +384,64 @@ func TestPollTableBounded(t *testing.T) {
 		t.Errorf("the table or its indexes kept growing: table %d -> %d bytes, indexes %d -> %d bytes", midT, lastT, midI, lastI)
 	}
 }
+
+// TestPollLeastPrivilege: poll mode runs as the variant's role
+// outbox_poller, which has no REPLICATION, owns nothing and may only read
+// the outbox, set published_at and write dead letters: events are
+// delivered and marked, one too large for Kafka is stored whole in
+// outbox_dead_letter, and the role cannot do more than that.
+func TestPollLeastPrivilege(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	preparePoll(t, pg)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	var repl, super bool
+	if err := conn.QueryRow(ctx, "SELECT rolreplication, rolsuper FROM pg_roles WHERE rolname = 'outbox_poller'").Scan(&repl, &super); err != nil {
+		t.Fatal(err)
+	}
+	if repl || super {
+		t.Fatalf("outbox_poller: REPLICATION %v, superuser %v", repl, super)
+	}
+	aggType := uniqueType("poller")
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	cfg := pollConfig(t, pg.DSNUser("outbox", "outbox_poller"), brokers)
+	cfg.MaxMessageBytes = 4096
+	run := startRelay(t, cfg)
+	run.waitPolling(t)
+	w := testenv.NewWriter()
+	w.Write(t, ctx, conn, aggType, 100, 5, 10)
+	big := uuid.NewString()
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'agg-big', 'Big', jsonb_build_object('blob', repeat('x', 8000)))`, big, aggType); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(t, ctx, conn, aggType, 100, 5, 10)
+	c.WaitFor(t, w.Events, 60*time.Second)
+	waitMarked(t, conn, []string{big})
+	var stored int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox_dead_letter WHERE id = $1", big).Scan(&stored); err != nil || stored != 1 {
+		t.Fatalf("the oversized event: %d rows in outbox_dead_letter (%v), want 1", stored, err)
+	}
+	if err := run.stop(t); err != nil {
+		t.Fatalf("relay stopped with %v", err)
+	}
+	if dups := c.Verify(t, w.Events); dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+	// And no more than that.
+	pc, err := pgx.Connect(ctx, pg.DSNUser("outbox", "outbox_poller"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close(ctx)
+	for _, q := range []string{
+		"UPDATE outbox SET payload = '{}' WHERE false",
+		"DELETE FROM outbox WHERE false",
+		"INSERT INTO outbox (id, aggregatetype, aggregateid, type) VALUES (gen_random_uuid(), 'x', 'x', 'x')",
+		"CREATE TABLE poller_may_not (x int)",
+	} {
+		if _, err := pc.Exec(ctx, q); err == nil || !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("outbox_poller ran %q: %v; want permission denied", q, err)
+		}
+	}
+}
