@@ -445,3 +445,55 @@ func TestPollLeastPrivilege(t *testing.T) {
 		}
 	}
 }
+
+// TestPollStall: an idle poll-mode instance is never stalled, however long
+// it waits; one whose sessions keep failing (the database is down) is, after
+// OUTBOX_STALL_TIMEOUT, and no longer once it delivers again.
+func TestPollStall(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	preparePoll(t, pg)
+	cfg := pollConfig(t, pg.DSN("outbox"), brokers)
+	cfg.StallTimeout = 3 * time.Second
+	run := startRelay(t, cfg)
+	run.waitPolling(t)
+	time.Sleep(2 * cfg.StallTimeout)
+	if stalled, why := run.relay.Stalled(); stalled {
+		t.Fatalf("an idle poll-mode instance is stalled: %s", why)
+	}
+	if err := pg.Stop("fast"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if stalled, why := run.relay.Stalled(); stalled {
+			t.Logf("stalled with the database down: %s", why)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("poll mode with its database down for 30s is not stalled")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	aggType := uniqueType("unstall")
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	w := testenv.NewWriter()
+	w.Write(t, ctx, conn, aggType, 20, 5, 5)
+	c.WaitFor(t, w.Events, 90*time.Second)
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		stalled, why := run.relay.Stalled()
+		if !stalled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still stalled after delivering again: %s", why)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -30,6 +30,8 @@ const rebalanceEvery = time.Second
 // transient failures, until ctx is done.
 func (r *Relay) runPoll(ctx context.Context, pool *pgxpool.Pool) error {
 	backoff := retry.New(500*time.Millisecond, 30*time.Second)
+	r.pollRunning.Store(true)
+	defer r.pollRunning.Store(false)
 	r.log.Info("poll mode: reading unpublished rows from the table (no slot); at-least-once with the idempotent producer",
 		"table", r.schema+"."+r.table, "interval", r.cfg.PollInterval, "buckets", r.cfg.PollBuckets)
 	for {

@@ -54,10 +54,12 @@ type Relay struct {
 	stall     stallWatch    // the liveness clock: work owed, and since when without progress
 	lastErr   atomic.Pointer[string]
 	published atomic.Int64
-	// Poll mode (OUTBOX_SOURCE=poll): a session is reading, and how many
-	// buckets it owns.
-	polling   atomic.Bool
-	pollOwned atomic.Int64
+	// Poll mode (OUTBOX_SOURCE=poll): the instance runs (it owes its share
+	// of the work, as a leader does: the stall watch counts sessions that
+	// keep failing), a session is reading, and how many buckets it owns.
+	pollRunning atomic.Bool
+	polling     atomic.Bool
+	pollOwned   atomic.Int64
 
 	elector *lease.Elector
 	lead    atomic.Pointer[leadership] // the current or last term

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -261,7 +262,7 @@ func (w *stallWatch) sessionEnded(p tracker.Positions, now time.Time) {
 // leader still setting up or reconnecting).
 func (r *Relay) holding() bool {
 	if r.cfg.Source == "poll" {
-		return r.polling.Load()
+		return r.pollRunning.Load()
 	}
 	l := r.lead.Load()
 	return l != nil && l.term.Valid()
@@ -272,7 +273,14 @@ func (r *Relay) lookStall(now time.Time) stallState {
 }
 
 func (r *Relay) stalledAt(now time.Time) (bool, string) {
-	return stalled(r.lookStall(now), r.cfg.StallTimeout, r.LastError)
+	st, why := stalled(r.lookStall(now), r.cfg.StallTimeout, r.LastError)
+	if st && r.cfg.Source == "poll" {
+		// The same clocks, said as poll mode has it: no lease, no slot.
+		why = strings.NewReplacer(
+			"this instance holds the leader lease (so no standby takes over)", "this poll-mode instance runs (its buckets wait for it)",
+			"PostgreSQL and the slot, fencing the previous leader at Kafka", "PostgreSQL, the table's buckets, Kafka").Replace(why)
+	}
+	return st, why
 }
 
 // stalled decides a look: owed work waiting longer than timeout, or the
