@@ -175,6 +175,9 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 	for stop.read.Err() == nil {
 		if time.Since(rebalanced) >= rebalanceEvery {
 			if _, err := rd.Rebalance(stop.read); err != nil {
+				if errors.Is(err, poll.ErrNotSession) {
+					return &fatal.Error{Msg: "OUTBOX_SOURCE=poll, OUTBOX_PG_DSN", Err: err}
+				}
 				return err
 			}
 			rebalanced = time.Now()

@@ -63,6 +63,9 @@ type Config struct {
 // what to apply.
 var ErrNotPrepared = errors.New("the outbox table is not prepared for poll mode")
 
+// ErrNotSession says the connection is not one server session.
+var ErrNotSession = errors.New("poll mode needs one server session per connection (its buckets are session advisory locks), but the statements run in different sessions: connect directly or through a session-mode pooler, not a transaction-mode one (PgBouncer pool_mode=transaction)")
+
 // Published is the column poll mode marks.
 const Published = "published_at"
 
@@ -162,7 +165,8 @@ WITH m AS (SELECT DISTINCT pid FROM pg_locks
      b AS (SELECT pid, objid::bigint::int AS bucket FROM pg_locks
            WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
              AND classid = $2::bigint::oid AND objsubid = 2)
-SELECT (SELECT count(*) FROM m)::int,
+SELECT (SELECT count(*) FROM m WHERE pid = pg_backend_pid()) = 1,
+       (SELECT count(*) FROM m)::int,
        coalesce((SELECT array_agg(bucket) FROM b), '{}'::int[]),
        coalesce((SELECT min(c) FROM (SELECT count(b.bucket) AS c FROM m LEFT JOIN b USING (pid) GROUP BY m.pid) x), 0)::int`
 
@@ -182,8 +186,15 @@ type Shares struct {
 func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 	var sh Shares
 	r.Queries("shares")
-	if err := r.conn.QueryRow(ctx, queryShares, r.memb, r.key1).Scan(&sh.Readers, &sh.Held, &sh.Fewest); err != nil {
+	var session bool
+	if err := r.conn.QueryRow(ctx, queryShares, r.memb, r.key1).Scan(&session, &sh.Readers, &sh.Held, &sh.Fewest); err != nil {
 		return sh, fmt.Errorf("poll mode: read the readers' shares: %w", err)
+	}
+	if !session {
+		// The membership lock taken at Open is not this backend's: a
+		// transaction pooler hands each statement to another server
+		// session, and session locks (the buckets' fence) mean nothing.
+		return sh, ErrNotSession
 	}
 	n := max(sh.Readers, 1)
 	lo, hi := r.cfg.Buckets/n, (r.cfg.Buckets+n-1)/n

@@ -2,6 +2,7 @@ package poll
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 
@@ -92,4 +93,27 @@ func TestRebalance(t *testing.T) {
 		readers, conns = readers[1:], conns[1:]
 	}
 	settle("three readers left")
+}
+
+// TestNotSession: a reader whose statements run in another server session
+// than the one that joined (a transaction-mode pooler) says so instead of
+// trusting locks it does not hold.
+func TestNotSession(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, b := pg.Conn(t, "outbox"), pg.Conn(t, "outbox")
+	r, err := Open(ctx, a, Config{Schema: "public", Table: "outbox", Key: "aggregateid", Buckets: 4, Batch: 10, BatchBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Rebalance(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.conn = b // what a transaction pooler does between two statements
+	if _, err := r.Rebalance(ctx); !errors.Is(err, ErrNotSession) {
+		t.Fatalf("Rebalance on another session: %v; want ErrNotSession", err)
+	}
 }
