@@ -199,6 +199,13 @@ func Maintain(ctx context.Context, db DB, cfg Config) (Result, error) {
 		if end := day.AddDate(0, 0, 1); !end.Before(cutoff) {
 			continue
 		}
+		if pending, err := unpublished(ctx, db, pgx.Identifier{schema, name}.Sanitize()); err != nil || pending {
+			if err == nil {
+				err = errors.New("it holds rows a poll-mode relay has not published yet (published_at NULL); it is dropped once they are")
+			}
+			errs = append(errs, fmt.Errorf("partition: keep %s: %w", name, err))
+			continue
+		}
 		stmt := "DROP TABLE IF EXISTS " + pgx.Identifier{schema, name}.Sanitize()
 		if err := inTx(ctx, db, cfg, func(step stepFunc, _ queryFunc) error { _, err := step(stmt); return err }); err != nil {
 			errs = append(errs, fmt.Errorf("partition: drop %s: %w", name, err))
@@ -291,7 +298,10 @@ func create(ctx context.Context, db DB, cfg Config, schema, parent, part, def st
 			return err
 		}
 		if def == "" {
-			if _, err := step("CREATE TABLE " + part + " (LIKE " + parent + " INCLUDING ALL)"); err != nil {
+			// EXCLUDING IDENTITY: a partition takes the parent's identity
+			// (poll mode's seq, PostgreSQL 17+) when attached, and one that
+			// has its own cannot be attached.
+			if _, err := step("CREATE TABLE " + part + " (LIKE " + parent + " INCLUDING ALL EXCLUDING IDENTITY)"); err != nil {
 				return err
 			}
 		} else {
@@ -301,7 +311,7 @@ func create(ctx context.Context, db DB, cfg Config, schema, parent, part, def st
 			if err := refuseUnverifiedMove(query, schema, parent, part, def, from, to, day); err != nil {
 				return err
 			}
-			if _, err := step("CREATE UNLOGGED TABLE " + part + " (LIKE " + parent + " INCLUDING ALL)"); err != nil {
+			if _, err := step("CREATE UNLOGGED TABLE " + part + " (LIKE " + parent + " INCLUDING ALL EXCLUDING IDENTITY)"); err != nil {
 				return err
 			}
 			cols, err := movedColumns(query, parent)
@@ -435,9 +445,30 @@ const deleteExpiredBatch = 10000
 
 // deleteExpiredDefault deletes the rows of def dated before before, in
 // batches, each its own transaction.
+// unpublished reports whether the partition part (quoted) holds rows a
+// poll-mode relay has not published yet: on a table prepared for poll mode
+// (sql/variants/outbox_poll.sql adds published_at) the table is the only
+// copy of an event until then, so dropping the partition would lose it.
+func unpublished(ctx context.Context, db DB, part string) (bool, error) {
+	exists := func(q string, args ...any) (bool, error) {
+		rows, err := db.Query(ctx, q, args...)
+		if err != nil {
+			return false, err
+		}
+		return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	}
+	has, err := exists(`SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'published_at' AND NOT attisdropped)`, part)
+	if err != nil || !has {
+		return false, err
+	}
+	return exists(`SELECT EXISTS (SELECT 1 FROM ` + part + ` WHERE published_at IS NULL)`)
+}
+
 func deleteExpiredDefault(ctx context.Context, db DB, cfg Config, def string, before time.Time) (int64, error) {
+	// Rows a poll-mode relay has not published yet stay (see unpublished).
 	stmt := `DELETE FROM ` + def + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + def + ` WHERE created_at < $1 LIMIT $2))`
+	SELECT ctid FROM ` + def + ` d WHERE created_at < $1
+	  AND (to_jsonb(d) -> 'published_at') IS DISTINCT FROM 'null'::jsonb LIMIT $2))`
 	var total int64
 	for {
 		var n int64
