@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,8 +26,9 @@ import (
 )
 
 // rebalanceEvery is how often a poll session looks how many readers share
-// the table, and takes or gives up buckets.
-const rebalanceEvery = time.Second
+// the table, and takes or gives up buckets: every second, and at least four
+// times per OUTBOX_LEASE_TTL, after which a silent reader is taken for dead.
+func (r *Relay) rebalanceEvery() time.Duration { return min(time.Second, r.cfg.LeaseTTL/4) }
 
 // runPoll is Run for OUTBOX_SOURCE=poll: no lease and no slot; every
 // instance reads the buckets it owns (see relay/poll), reconnecting after
@@ -40,6 +45,7 @@ func (r *Relay) runPoll(ctx context.Context, pool *pgxpool.Pool) error {
 		r.polling.Store(false)
 		r.metrics.PollBuckets.Set(0)
 		r.pollOwned.Store(0)
+		r.oldest.clear()
 		switch {
 		case ctx.Err() != nil:
 			if fatal.Is(err) {
@@ -76,7 +82,10 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 	stop := newStopper(ctx, context.Background(), r.cfg.ShutdownTimeout)
 	defer stop.release()
 
-	conn, err := pgx.Connect(stop.read, r.cfg.PGDSN)
+	// Both connections carry the session's name: a reader that finds this
+	// one silent ends both (see poll.Rebalance).
+	app := "outbox-connector-poll-" + strconv.FormatUint(rand.Uint64(), 36)
+	conn, err := r.pollConnect(stop.read, app)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
@@ -84,6 +93,7 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 	rd, err := poll.Open(stop.read, conn, poll.Config{
 		Schema: r.schema, Table: r.table, Key: r.router.Config().FieldEventKey,
 		Buckets: r.cfg.PollBuckets, Batch: r.cfg.PollBatch, BatchBytes: r.cfg.PollBatchBytes,
+		Silence: r.cfg.LeaseTTL,
 	})
 	if errors.Is(err, poll.ErrNotPrepared) {
 		return &fatal.Error{Msg: "OUTBOX_SOURCE=poll", Err: err}
@@ -105,7 +115,7 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 	wake := make(chan struct{}, 1)
 	var listening errgroup.Group
 	if r.cfg.PollChannel != "off" {
-		lconn, err := pgx.Connect(stop.read, r.cfg.PGDSN)
+		lconn, err := r.pollConnect(stop.read, app)
 		if err != nil {
 			return fmt.Errorf("connect to LISTEN: %w", err)
 		}
@@ -167,22 +177,47 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 	return loopErr
 }
 
+// pollConnect opens one of a poll session's connections, named app, with
+// TCP keepalives on both ends: a peer gone without a word (a host down, a
+// network cut) ends the session within about half a minute, and with it its
+// locks, instead of the kernels' two hours.
+func (r *Relay) pollConnect(ctx context.Context, app string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(r.cfg.PGDSN)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range map[string]string{
+		"application_name": app, "tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5",
+		"tcp_keepalives_count": "3", "tcp_user_timeout": "30000",
+	} {
+		cfg.RuntimeParams[k] = v
+	}
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
+	cfg.DialFunc = d.DialContext
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
 // pollLoop reads, publishes and marks batches until a stop or a failure.
 func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, events chan<- wal.Event, prodDone <-chan struct{}, wake <-chan struct{}, infos map[string]*route.ColumnInfo) error {
 	var rebalanced time.Time
 	var batch tracker.LSN
 	table := r.schema + "." + r.table
 	for stop.read.Err() == nil {
-		if time.Since(rebalanced) >= rebalanceEvery {
-			if _, err := rd.Rebalance(stop.read); err != nil {
+		if time.Since(rebalanced) >= r.rebalanceEvery() {
+			sh, err := rd.Rebalance(stop.read)
+			if err != nil {
 				if errors.Is(err, poll.ErrNotSession) {
 					return &fatal.Error{Msg: "OUTBOX_SOURCE=poll, OUTBOX_PG_DSN", Err: err}
 				}
 				return err
 			}
+			if len(sh.Ended) > 0 {
+				r.log.Warn("poll mode: ended the sessions of a reader that ran nothing for longer than OUTBOX_LEASE_TTL (frozen, or cut off unnoticed by the server); its buckets are free", "pids", sh.Ended, "silence", r.cfg.LeaseTTL)
+			}
 			rebalanced = time.Now()
 			r.pollOwned.Store(int64(len(rd.Owned())))
 			r.metrics.PollBuckets.Set(float64(len(rd.Owned())))
+			r.oldest.see(sh.OldestSeq, sh.OldestAt, rebalanced)
 		}
 		r.lookStall(time.Now())
 		rows, err := rd.Read(stop.read)
@@ -192,7 +227,7 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 		if len(rows) == 0 {
 			select {
 			case <-wake:
-			case <-time.After(r.cfg.PollInterval):
+			case <-time.After(min(r.cfg.PollInterval, r.rebalanceEvery())):
 			case <-stop.read.Done():
 			}
 			continue
@@ -233,9 +268,13 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 		// Wait for the whole batch, past a soft stop (until the hard one):
 		// what Kafka has is then marked, and not published again.
 		for tr.Acked() < batch {
+			// The buckets' session stays visibly alive while Kafka is slow.
+			if err := rd.Touch(stop.hard); err != nil {
+				return err
+			}
 			select {
 			case <-tr.Changed():
-			case <-time.After(time.Second):
+			case <-time.After(r.rebalanceEvery()):
 				r.lookStall(time.Now())
 			case <-prodDone:
 				if tr.Acked() >= batch {
@@ -246,12 +285,92 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 				return stop.hard.Err()
 			}
 		}
-		if err := rd.Mark(stop.hard, rows); err != nil {
+		if err := r.pollMark(stop, rd, rows); err != nil {
 			return err
 		}
 		r.lookStall(time.Now())
 	}
 	return nil
+}
+
+// pollMark marks a batch Kafka has. A mark the server refuses for now (a
+// read-only transaction: a database full, a switchover) is tried again with
+// backoff while the session lives, rather than ending it: the next session
+// would publish the batch again, and again. A session gone ends it (its
+// locks are gone too); ErrNotMarked and a missing privilege stop the
+// connector.
+func (r *Relay) pollMark(stop *stopper, rd *poll.Reader, rows []poll.Row) error {
+	backoff := retry.New(200*time.Millisecond, min(10*time.Second, r.cfg.LeaseTTL/4))
+	for {
+		err := rd.Mark(stop.hard, rows)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, poll.ErrNotMarked):
+			return &fatal.Error{Msg: "OUTBOX_SOURCE=poll", Err: err}
+		case fatal.Is(err) || rd.Closed() || stop.hard.Err() != nil:
+			return err
+		}
+		wait := backoff.NextBackOff()
+		msg := config.RedactError(err, r.cfg.PGDSN)
+		r.lastErr.Store(&msg)
+		r.log.Warn("poll mode: marking a batch Kafka has failed; trying again (not publishing it again)", "err", msg, "rows", len(rows), "backoff", wait)
+		select {
+		case <-stop.hard.Done():
+			return stop.hard.Err()
+		case <-time.After(wait):
+		}
+		// The batch waits, and the line behind it: the oldest row says so
+		// (and this statement keeps the session visibly alive).
+		seq, at, err := rd.Oldest(stop.hard)
+		if err != nil {
+			return err
+		}
+		r.oldest.see(seq, at, time.Now())
+	}
+}
+
+// oldestWatch follows the oldest unpublished row of the table, as the
+// instances' looks at the shares see it: a row that stays the oldest for
+// longer than the stall timeout is one no instance delivers (a bucket
+// nobody serves, a mark that keeps failing, an event stuck behind the
+// registry). Every instance says so.
+type oldestWatch struct {
+	mu    sync.Mutex
+	seq   int64
+	at    time.Time // when the row was written (created_at)
+	since time.Time // since when it is the oldest
+}
+
+func (w *oldestWatch) see(seq int64, at, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if seq != w.seq || seq == 0 {
+		w.seq, w.since = seq, now
+	}
+	w.at = at
+}
+
+func (w *oldestWatch) clear() { w.see(0, time.Time{}, time.Time{}) }
+
+// stuck is the oldest row's wait when it is longer than timeout.
+func (w *oldestWatch) stuck(now time.Time, timeout time.Duration) (bool, string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.seq == 0 || now.Sub(w.since) <= timeout {
+		return false, ""
+	}
+	return true, fmt.Sprintf("the oldest unpublished row of the outbox (seq %d, written %s) has stayed unpublished for %s (OUTBOX_STALL_TIMEOUT %s): no instance delivers its bucket", w.seq, w.at.UTC().Format(time.RFC3339), now.Sub(w.since).Round(time.Second), timeout)
+}
+
+// age is how long ago the oldest unpublished row was written (0: none).
+func (w *oldestWatch) age(now time.Time) float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.seq == 0 || w.at.IsZero() {
+		return 0
+	}
+	return now.Sub(w.at).Seconds()
 }
 
 // pollProducerConfig is the producer's configuration in poll mode: no

@@ -60,6 +60,7 @@ type Relay struct {
 	pollRunning atomic.Bool
 	polling     atomic.Bool
 	pollOwned   atomic.Int64
+	oldest      oldestWatch // poll mode: the table's oldest unpublished row
 
 	elector *lease.Elector
 	lead    atomic.Pointer[leadership] // the current or last term
@@ -164,6 +165,11 @@ func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.M
 		}
 		return 0
 	})
+	if cfg.Source == "poll" {
+		m.GaugeFunc("outbox_connector_poll_oldest_unpublished_age_seconds", "Poll mode: age of the oldest row of the outbox not yet published (by its created_at), as this instance last saw it; 0 when none.", func() float64 {
+			return r.oldest.age(time.Now())
+		})
+	}
 	r.stallMetrics(m)
 	return r
 }

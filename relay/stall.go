@@ -274,6 +274,14 @@ func (r *Relay) lookStall(now time.Time) stallState {
 
 func (r *Relay) stalledAt(now time.Time) (bool, string) {
 	st, why := stalled(r.lookStall(now), r.cfg.StallTimeout, r.LastError)
+	if !st && r.cfg.Source == "poll" {
+		if stuck, reason := r.oldest.stuck(now, r.cfg.StallTimeout); stuck {
+			if e := r.LastError(); e != "" {
+				reason += "; last error here: " + e
+			}
+			return true, reason
+		}
+	}
 	if st && r.cfg.Source == "poll" {
 		// The same clocks, said as poll mode has it: no lease, no slot.
 		why = strings.NewReplacer(

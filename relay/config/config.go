@@ -232,8 +232,8 @@ func (c *Config) Validate() error {
 	switch c.Source {
 	case "wal":
 	case "poll":
-		if c.PollInterval < time.Millisecond {
-			errs = append(errs, fmt.Errorf("OUTBOX_POLL_INTERVAL: %s; use at least 1ms", c.PollInterval))
+		if c.PollInterval < time.Millisecond || c.PollInterval > c.LeaseTTL/3 {
+			errs = append(errs, fmt.Errorf("OUTBOX_POLL_INTERVAL: %s; use at least 1ms and at most a third of OUTBOX_LEASE_TTL (%s), after which the other instances take a silent one for dead", c.PollInterval, c.LeaseTTL))
 		}
 		if c.PollBatch < 1 || c.PollBatchBytes < 1 {
 			errs = append(errs, fmt.Errorf("OUTBOX_POLL_BATCH (%d) and OUTBOX_POLL_BATCH_BYTES (%d) must be positive", c.PollBatch, c.PollBatchBytes))

@@ -39,6 +39,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -51,26 +52,38 @@ type Config struct {
 	// table.field.event.key, aggregateid by default).
 	Key string
 	// Buckets is how many buckets the rows are spread over; every reader
-	// of a table must use the same number.
+	// of a table must use the same number (Open refuses another).
 	Buckets int
 	// Batch bounds the rows of one read, BatchBytes their size (at least
 	// one row is read, whatever its size).
 	Batch      int
 	BatchBytes int
+	// Silence is how long a reader's session may run no statement before
+	// the other readers end it (pg_terminate_backend; the same role may),
+	// freeing its buckets: a frozen process, or one cut off by a network
+	// that the server has not noticed, would keep them for as long as its
+	// session lives. A reader runs a statement at least every third of it
+	// (see Touch). It also bounds each statement. 0: never.
+	Silence time.Duration
 }
 
-// ErrNotPrepared says the table lacks what poll mode needs; its text says
-// what to apply.
-var ErrNotPrepared = errors.New("the outbox table is not prepared for poll mode")
+// ErrNotPrepared says the table, the server or the settings do not allow
+// poll mode; its text says what to do.
+var ErrNotPrepared = errors.New("poll mode cannot run here")
 
 // ErrNotSession says the connection is not one server session.
 var ErrNotSession = errors.New("poll mode needs one server session per connection (its buckets are session advisory locks), but the statements run in different sessions: connect directly or through a session-mode pooler, not a transaction-mode one (PgBouncer pool_mode=transaction)")
+
+// ErrNotMarked says rows could not be marked published although the
+// UPDATE succeeded: something in the database discards it.
+var ErrNotMarked = errors.New("poll mode could not mark rows published: the UPDATE of published_at changed fewer rows than it was given, with no error; a row-level security policy without UPDATE, a BEFORE UPDATE trigger returning NULL or a rule discards it, and every row would be published again and again. Let the relay's role update published_at")
 
 // Published is the column poll mode marks.
 const Published = "published_at"
 
 // Reader reads and marks one table's rows on one connection, which also
-// holds its buckets' locks. It is not safe for concurrent use.
+// holds its buckets' locks. It is not safe for concurrent use, but Touch's
+// clock may be read by another goroutine.
 type Reader struct {
 	conn *pgx.Conn
 	cfg  Config
@@ -79,8 +92,12 @@ type Reader struct {
 	memb int32  // and for membership
 	own  []int  // buckets held, sorted
 
-	query string // the read's SQL for the buckets held
-	mark  string
+	query  string // the read's SQL for the buckets held
+	mark   string
+	unmark string // counts the rows of a mark still unpublished
+	oldest string // the oldest unpublished row
+
+	last time.Time // the last statement's end
 
 	// Queries counts the statements the reader ran, by kind.
 	Queries func(kind string)
@@ -95,7 +112,8 @@ type Row struct {
 }
 
 // querySeq finds the sequence-filled integer column (identity or serial,
-// CACHE 1) and whether the marking column exists as timestamptz.
+// CACHE 1), whether the marking column exists as timestamptz, whether the
+// key column exists, and whether the server is a standby.
 const querySeq = `
 SELECT coalesce((SELECT a.attname::text FROM pg_attribute a
                  JOIN pg_sequence q ON q.seqrelid = pg_get_serial_sequence(format('%I.%I', n.nspname, c.relname), a.attname)::regclass
@@ -104,40 +122,73 @@ SELECT coalesce((SELECT a.attname::text FROM pg_attribute a
                    AND q.seqcache = 1
                  ORDER BY a.attnum LIMIT 1), ''),
        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = $3 AND NOT attisdropped AND atttypid = 'timestamptz'::regtype),
-       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = $4 AND NOT attisdropped)
+       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = c.oid AND attname = $4 AND NOT attisdropped),
+       pg_is_in_recovery()
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = $2`
 
+// queryOtherConfig counts the readers of the table that run with another
+// bucket count or key column (another key of the configuration lock).
+const queryOtherConfig = `SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = $1::bigint::oid AND objsubid = 2 AND objid <> $2::bigint::oid`
+
 // Open checks the table and joins the readers of it: it takes the
-// membership lock, held until conn closes.
+// membership lock and a shared lock naming its configuration, held until
+// conn closes. An error wrapping ErrNotPrepared is for an operator to fix.
 func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 	if cfg.Buckets < 1 || cfg.Batch < 1 {
 		return nil, fmt.Errorf("poll: buckets %d and batch %d must be positive", cfg.Buckets, cfg.Batch)
 	}
 	name := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
-	var seq string
-	var marked, key bool
-	err := conn.QueryRow(ctx, querySeq, cfg.Schema, cfg.Table, Published, cfg.Key).Scan(&seq, &marked, &key)
+	if cfg.Key == "" {
+		return nil, fmt.Errorf("%w: the router's table.field.event.key is empty; poll mode needs it to name a column of %s (aggregateid by default), whose value picks each row's bucket", ErrNotPrepared, name)
+	}
+	r := &Reader{conn: conn, cfg: cfg, Queries: func(string) {}}
+	var marked, key, standby bool
+	err := r.queryRow(ctx, querySeq, cfg.Schema, cfg.Table, Published, cfg.Key).Scan(&r.seq, &marked, &key, &standby)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("poll mode: the outbox table %s does not exist; apply sql/001_outbox.sql and sql/variants/outbox_poll.sql, or set OUTBOX_TABLE", name)
+		return nil, fmt.Errorf("%w: the outbox table %s does not exist; apply sql/001_outbox.sql and sql/variants/outbox_poll.sql, or set OUTBOX_TABLE", ErrNotPrepared, name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("poll mode: inspect %s: %w", name, err)
 	}
-	if seq == "" || !marked {
+	if standby {
+		return nil, fmt.Errorf("%w: the server is a standby (pg_is_in_recovery), and poll mode marks the rows it publishes; point OUTBOX_PG_DSN at the primary (target_session_attrs=read-write)", ErrNotPrepared)
+	}
+	if r.seq == "" || !marked {
 		return nil, fmt.Errorf("%w: %s needs a column filled at INSERT from a sequence of CACHE 1 (identity or serial) to keep each aggregate's order, and a column %s timestamptz that marks published rows; apply sql/variants/outbox_poll.sql (it adds both, an index and the NOTIFY trigger)", ErrNotPrepared, name, Published)
 	}
 	if !key {
 		return nil, fmt.Errorf("%w: %s has no column %q (the router's table.field.event.key), which picks each row's bucket", ErrNotPrepared, name, cfg.Key)
 	}
-	r := &Reader{conn: conn, cfg: cfg, seq: seq, Queries: func(string) {}}
+	q := pgx.Identifier{r.seq}.Sanitize()
+	r.mark = fmt.Sprintf("UPDATE %s SET %s = now() WHERE %s = ANY($1) AND %s IS NULL", name, Published, q, Published)
+	r.unmark = fmt.Sprintf("SELECT count(*) FROM %s WHERE %s = ANY($1) AND %s IS NULL", name, q, Published)
+	r.oldest = fmt.Sprintf("SELECT %s, created_at FROM %s WHERE %s IS NULL ORDER BY %s LIMIT 1", q, name, Published, q)
+	// A mark that cannot work is said now, before anything is published:
+	// no privilege (fatal), a read-only transaction (retried).
+	r.Queries("check")
+	if _, err := r.exec(ctx, fmt.Sprintf("UPDATE %s SET %s = %s WHERE false", name, Published, Published)); err != nil {
+		return nil, fmt.Errorf("poll mode: the relay must be able to mark rows (UPDATE %s of %s): %w", Published, name, err)
+	}
 	r.key1 = lockKey("outbox-poll-buckets:" + name)
 	r.memb = lockKey("outbox-poll-readers:" + name)
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, pg_backend_pid())", r.memb); err != nil {
+	conf, mine := lockKey("outbox-poll-config:"+name), lockKey(fmt.Sprintf("%d/%s", cfg.Buckets, cfg.Key))
+	var others int
+	r.Queries("check")
+	if err := r.queryRow(ctx, queryOtherConfig, conf, mine).Scan(&others); err != nil {
+		return nil, fmt.Errorf("poll mode: read the readers' configurations: %w", err)
+	}
+	if others > 0 {
+		// Two bucket counts (or key columns) would put one aggregate in
+		// two readers' buckets: published twice, out of order.
+		return nil, fmt.Errorf("%w: %d reader(s) of %s run with another OUTBOX_POLL_BUCKETS or table.field.event.key than this one (%d, %q); every instance of a table must use the same: stop them all to change it", ErrNotPrepared, others, name, cfg.Buckets, cfg.Key)
+	}
+	r.Queries("lock")
+	if _, err := r.exec(ctx, "SELECT pg_advisory_lock_shared($1, $2), pg_advisory_lock($3, pg_backend_pid())", conf, mine, r.memb); err != nil {
 		return nil, fmt.Errorf("poll mode: join the readers of %s: %w", name, err)
 	}
-	q := pgx.Identifier{seq}.Sanitize()
-	r.mark = fmt.Sprintf("UPDATE %s SET %s = now() WHERE %s = ANY($1) AND %s IS NULL", name, Published, q, Published)
 	return r, nil
 }
 
@@ -149,45 +200,122 @@ func lockKey(name string) int32 {
 	return int32(h.Sum32() & 0x7fffffff)
 }
 
+// bound is ctx with the statement deadline (Silence).
+func (r *Reader) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if r.cfg.Silence <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, r.cfg.Silence)
+}
+
+func (r *Reader) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	tag, err := r.conn.Exec(ctx, sql, args...)
+	r.last = time.Now()
+	return tag, err
+}
+
+type scanner struct {
+	row    pgx.Row
+	cancel context.CancelFunc
+	r      *Reader
+}
+
+func (s scanner) Scan(dest ...any) error {
+	defer s.cancel()
+	err := s.row.Scan(dest...)
+	s.r.last = time.Now()
+	return err
+}
+
+func (r *Reader) queryRow(ctx context.Context, sql string, args ...any) scanner {
+	ctx, cancel := r.bound(ctx)
+	return scanner{r.conn.QueryRow(ctx, sql, args...), cancel, r}
+}
+
+// Touch runs a statement when none ran for a third of Silence, so that the
+// other readers do not take this one for dead while it waits (for Kafka).
+func (r *Reader) Touch(ctx context.Context) error {
+	if r.cfg.Silence <= 0 || time.Since(r.last) < r.cfg.Silence/3 {
+		return nil
+	}
+	r.Queries("touch")
+	if _, err := r.exec(ctx, "SELECT 1"); err != nil {
+		return fmt.Errorf("poll mode: keep the session alive: %w", err)
+	}
+	return nil
+}
+
+// Closed reports whether the reader's connection is closed (a failed
+// statement closed it: the session, and its locks, are gone).
+func (r *Reader) Closed() bool { return r.conn.IsClosed() }
+
 // Owned returns the buckets held.
 func (r *Reader) Owned() []int { return slices.Clone(r.own) }
 
 // SeqColumn is the column ordering the rows.
 func (r *Reader) SeqColumn() string { return r.seq }
 
-// queryShares is what Rebalance reads from pg_locks: how many readers
-// there are, which buckets are held (by anyone), and the fewest buckets any
-// reader holds.
+// queryShares is what Rebalance reads from pg_locks and pg_stat_activity:
+// whether this backend holds its membership lock, the live readers (those
+// not silent for longer than $3), which buckets are held (by anyone), the
+// fewest buckets a live reader holds, and the silent readers: their pids and
+// their sessions' application_name (which their LISTEN connection shares).
+// A session is silent when it has run nothing for $3 (idle, or idle in a
+// transaction), or has been stuck writing a result to its client for as
+// long. pg_stat_activity shows another role's sessions' state only to
+// pg_read_all_stats: run every instance as the same role.
 const queryShares = `
 WITH m AS (SELECT DISTINCT pid FROM pg_locks
            WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
              AND classid = $1::bigint::oid AND objsubid = 2),
+     a AS (SELECT m.pid, coalesce(s.application_name, '') AS app,
+                  coalesce(m.pid <> pg_backend_pid() AND (s.state <> 'active' OR s.wait_event = 'ClientWrite')
+                           AND s.state_change < now() - $3::interval, false) AS silent
+           FROM m LEFT JOIN pg_stat_activity s ON s.pid = m.pid),
      b AS (SELECT pid, objid::bigint::int AS bucket FROM pg_locks
            WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
              AND classid = $2::bigint::oid AND objsubid = 2)
 SELECT (SELECT count(*) FROM m WHERE pid = pg_backend_pid()) = 1,
-       (SELECT count(*) FROM m)::int,
+       (SELECT count(*) FROM a WHERE NOT silent)::int,
        coalesce((SELECT array_agg(bucket) FROM b), '{}'::int[]),
-       coalesce((SELECT min(c) FROM (SELECT count(b.bucket) AS c FROM m LEFT JOIN b USING (pid) GROUP BY m.pid) x), 0)::int`
+       coalesce((SELECT min(c) FROM (SELECT count(b.bucket) AS c FROM a LEFT JOIN b USING (pid) WHERE NOT a.silent GROUP BY a.pid) x), 0)::int,
+       coalesce((SELECT array_agg(pid) FROM a WHERE silent), '{}'::int[]),
+       coalesce((SELECT array_agg(app) FROM a WHERE silent AND app <> ''), '{}'::text[])`
 
 // Shares is what Rebalance saw.
 type Shares struct {
-	Readers int   // readers of the table, this one included
+	Readers int   // live readers of the table, this one included
 	Held    []int // buckets held by any reader
-	Fewest  int   // the fewest buckets a reader holds
+	Fewest  int   // the fewest buckets a live reader holds
+	// Ended are the silent readers' sessions this call terminated (pids).
+	Ended []int
+	// Oldest is the unpublished row that comes first (Seq 0: none), and
+	// when it was written.
+	OldestSeq int64
+	OldestAt  time.Time
 }
 
-// Rebalance takes or gives up buckets so that every reader holds about
+// Rebalance ends silent readers' sessions (their buckets come free), then
+// takes or gives up buckets so that every live reader holds about
 // Buckets/readers: at most ceil(Buckets/readers), and while a reader holds
 // fewer than floor(Buckets/readers), the others give up what they hold
 // beyond the floor (one a round) and nobody takes beyond it. Only free
-// buckets are tried. Call it only between batches: a bucket it gives up may
-// be read by another reader at once.
+// buckets are tried. It also reads the oldest unpublished row. Call it only
+// between batches: a bucket it gives up may be read by another reader at
+// once.
 func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 	var sh Shares
-	r.Queries("shares")
+	silence := r.cfg.Silence
+	if silence <= 0 {
+		silence = 100 * 365 * 24 * time.Hour
+	}
 	var session bool
-	if err := r.conn.QueryRow(ctx, queryShares, r.memb, r.key1).Scan(&session, &sh.Readers, &sh.Held, &sh.Fewest); err != nil {
+	var silent []int
+	var apps []string
+	r.Queries("shares")
+	if err := r.queryRow(ctx, queryShares, r.memb, r.key1, fmt.Sprintf("%d milliseconds", silence.Milliseconds())).Scan(&session, &sh.Readers, &sh.Held, &sh.Fewest, &silent, &apps); err != nil {
 		return sh, fmt.Errorf("poll mode: read the readers' shares: %w", err)
 	}
 	if !session {
@@ -195,6 +323,26 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 		// transaction pooler hands each statement to another server
 		// session, and session locks (the buckets' fence) mean nothing.
 		return sh, ErrNotSession
+	}
+	if len(silent) > 0 {
+		r.Queries("terminate")
+		// MATERIALIZED: the sessions are chosen first, then ended; a
+		// filter the planner might evaluate after the call could not end
+		// another.
+		rows, err := r.conn.Query(ctx, `WITH t AS MATERIALIZED (SELECT pid FROM pg_stat_activity
+			WHERE (pid = ANY($1) OR application_name = ANY($2)) AND pid <> pg_backend_pid() AND datname = current_database())
+			SELECT pid FROM t WHERE pg_terminate_backend(pid)`, silent, apps)
+		if err == nil {
+			sh.Ended, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		}
+		r.last = time.Now()
+		if err != nil {
+			return sh, fmt.Errorf("poll mode: end the sessions of silent readers %v: %w", silent, err)
+		}
+	}
+	var err error
+	if sh.OldestSeq, sh.OldestAt, err = r.Oldest(ctx); err != nil {
+		return sh, err
 	}
 	n := max(sh.Readers, 1)
 	lo, hi := r.cfg.Buckets/n, (r.cfg.Buckets+n-1)/n
@@ -206,9 +354,14 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 	changed := false
 	for len(r.own) > hi || (len(r.own) > limit && !changed) {
 		b := r.own[len(r.own)-1]
+		var was bool
 		r.Queries("unlock")
-		if _, err := r.conn.Exec(ctx, "SELECT pg_advisory_unlock($1, $2)", r.key1, b); err != nil {
+		if err := r.queryRow(ctx, "SELECT pg_advisory_unlock($1, $2)", r.key1, b).Scan(&was); err != nil {
 			return sh, fmt.Errorf("poll mode: give up bucket %d: %w", b, err)
+		}
+		if !was {
+			// This session did not hold it: see ErrNotSession.
+			return sh, ErrNotSession
 		}
 		r.own = r.own[:len(r.own)-1]
 		changed = true
@@ -225,7 +378,7 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 			}
 			var got bool
 			r.Queries("lock")
-			if err := r.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", r.key1, b).Scan(&got); err != nil {
+			if err := r.queryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", r.key1, b).Scan(&got); err != nil {
 				return sh, fmt.Errorf("poll mode: take bucket %d: %w", b, err)
 			}
 			if got {
@@ -241,8 +394,25 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 	return sh, nil
 }
 
+// Oldest returns the unpublished row that comes first in the table (seq 0:
+// none), and when it was written.
+func (r *Reader) Oldest(ctx context.Context) (int64, time.Time, error) {
+	var seq *int64
+	var at *time.Time
+	r.Queries("oldest")
+	if err := r.queryRow(ctx, r.oldest).Scan(&seq, &at); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return 0, time.Time{}, fmt.Errorf("poll mode: read the oldest unpublished row: %w", err)
+	}
+	if seq == nil || at == nil {
+		return 0, time.Time{}, nil
+	}
+	return *seq, *at, nil
+}
+
 // Read returns the unpublished rows of the buckets held, in the order of
-// the sequence column, at most Batch rows and about BatchBytes.
+// the sequence column: at most Batch rows, and no more once BatchBytes is
+// reached (the server counts, so that rows beyond are not sent at all; the
+// first row is always returned).
 func (r *Reader) Read(ctx context.Context) ([]Row, error) {
 	if len(r.own) == 0 {
 		return nil, nil
@@ -251,24 +421,33 @@ func (r *Reader) Read(ctx context.Context) ([]Row, error) {
 		// The buckets are literals, not a parameter: the planner then sees
 		// the same statement until the buckets change, and the simple
 		// protocol (text values, as pgoutput sends them) takes no
-		// parameters of arrays kindly.
+		// parameters of arrays kindly. A NULL key hashes as '': every
+		// row is in a bucket.
 		in := make([]string, len(r.own))
 		for i, b := range r.own {
 			in[i] = strconv.Itoa(b)
 		}
-		r.query = fmt.Sprintf(`SELECT %s AS "outbox.poll.seq", * FROM %s WHERE %s IS NULL AND (hashtext(%s::text) & 2147483647) %% %d IN (%s) ORDER BY %s LIMIT %d`,
-			pgx.Identifier{r.seq}.Sanitize(), pgx.Identifier{r.cfg.Schema, r.cfg.Table}.Sanitize(), Published,
-			pgx.Identifier{r.cfg.Key}.Sanitize(), r.cfg.Buckets, strings.Join(in, ","), pgx.Identifier{r.seq}.Sanitize(), r.cfg.Batch)
+		seq := pgx.Identifier{r.seq}.Sanitize()
+		r.query = fmt.Sprintf(`SELECT * FROM (
+  SELECT %[1]s AS "outbox.poll.seq", sum(pg_column_size(o.*)) OVER (ORDER BY %[1]s) - pg_column_size(o.*) AS "outbox.poll.before", o.*
+  FROM %[2]s o WHERE %[3]s IS NULL AND (hashtext(coalesce(%[4]s::text, '')) & 2147483647) %% %[5]d IN (%[6]s)
+  ORDER BY %[1]s LIMIT %[7]d) s
+WHERE "outbox.poll.before" < %[8]d ORDER BY "outbox.poll.seq"`,
+			seq, pgx.Identifier{r.cfg.Schema, r.cfg.Table}.Sanitize(), Published,
+			pgx.Identifier{r.cfg.Key}.Sanitize(), r.cfg.Buckets, strings.Join(in, ","), r.cfg.Batch, r.cfg.BatchBytes)
 	}
 	r.Queries("read")
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	defer func() { r.last = time.Now() }()
 	rows, err := r.conn.Query(ctx, r.query, pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
 		return nil, fmt.Errorf("poll mode: read %s.%s: %w", r.cfg.Schema, r.cfg.Table, err)
 	}
 	defer rows.Close()
-	fields := rows.FieldDescriptions()[1:]
+	// A copy: pgx reuses its field descriptions for the next statement.
+	fields := slices.Clone(rows.FieldDescriptions()[2:])
 	var out []Row
-	size := 0
 	for rows.Next() {
 		raw := rows.RawValues()
 		seq, err := strconv.ParseInt(string(raw[0]), 10, 64)
@@ -276,16 +455,12 @@ func (r *Reader) Read(ctx context.Context) ([]Row, error) {
 			return nil, fmt.Errorf("poll mode: the sequence column %s holds %q: %w", r.seq, raw[0], err)
 		}
 		row := Row{Seq: seq, Fields: fields, Values: make([][]byte, len(fields))}
-		for i, v := range raw[1:] {
+		for i, v := range raw[2:] {
 			if v != nil {
 				row.Values[i] = append([]byte{}, v...)
-				size += len(v)
 			}
 		}
 		out = append(out, row)
-		if size >= r.cfg.BatchBytes {
-			break
-		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("poll mode: read %s.%s: %w", r.cfg.Schema, r.cfg.Table, err)
@@ -295,7 +470,9 @@ func (r *Reader) Read(ctx context.Context) ([]Row, error) {
 
 // Mark records rows as published. It runs on the connection holding the
 // buckets' locks: if that session is gone, so are the locks, and the mark
-// fails (another reader may own the rows now and publish them again).
+// fails (another reader may own the rows now and publish them again). An
+// UPDATE that changed fewer rows than given while some are still
+// unpublished is ErrNotMarked.
 func (r *Reader) Mark(ctx context.Context, rows []Row) error {
 	if len(rows) == 0 {
 		return nil
@@ -305,8 +482,20 @@ func (r *Reader) Mark(ctx context.Context, rows []Row) error {
 		seqs[i] = row.Seq
 	}
 	r.Queries("mark")
-	if _, err := r.conn.Exec(ctx, r.mark, seqs); err != nil {
+	tag, err := r.exec(ctx, r.mark, seqs)
+	if err != nil {
 		return fmt.Errorf("poll mode: mark %d rows of %s.%s published: %w", len(rows), r.cfg.Schema, r.cfg.Table, err)
+	}
+	if int(tag.RowsAffected()) == len(rows) {
+		return nil
+	}
+	var left int
+	r.Queries("mark")
+	if err := r.queryRow(ctx, r.unmark, seqs).Scan(&left); err != nil {
+		return fmt.Errorf("poll mode: count the rows of %s.%s left unmarked: %w", r.cfg.Schema, r.cfg.Table, err)
+	}
+	if left > 0 {
+		return fmt.Errorf("%w (%d of %d rows of %s.%s)", ErrNotMarked, left, len(rows), r.cfg.Schema, r.cfg.Table)
 	}
 	return nil
 }
