@@ -92,6 +92,14 @@ func TestPollDelivers(t *testing.T) {
 			}
 			w.Write(t, ctx, conn, aggType, 100, 10, 20)
 			c.WaitFor(t, w.Events, 60*time.Second)
+			// The load it puts on the table is visible.
+			deadline := time.Now().Add(15 * time.Second)
+			for run.relay.pollScanned.Load() == 0 && time.Now().Before(deadline) {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if run.relay.pollScanned.Load() == 0 {
+				t.Error("outbox_connector_poll_table_rows_scanned stayed 0")
+			}
 			if err := run.stop(t); err != nil {
 				t.Fatalf("relay stopped with %v", err)
 			}
@@ -285,8 +293,8 @@ func TestPollSameRecordsAsWAL(t *testing.T) {
 			continue
 		}
 		compared++
-		if w.Topic != r.Topic || string(w.Key) != string(r.Key) || string(w.Value) != string(r.Value) {
-			t.Errorf("event %s: WAL mode %s/%q/%q, poll mode %s/%q/%q", id, w.Topic, w.Key, w.Value, r.Topic, r.Key, r.Value)
+		if w.Topic != r.Topic || w.Partition != r.Partition || string(w.Key) != string(r.Key) || string(w.Value) != string(r.Value) {
+			t.Errorf("event %s: WAL mode %s[%d]/%q/%q, poll mode %s[%d]/%q/%q", id, w.Topic, w.Partition, w.Key, w.Value, r.Topic, r.Partition, r.Key, r.Value)
 		}
 		if a, b := headersBut(w, TokenHeader), headersBut(r, TokenHeader); a != b {
 			t.Errorf("event %s: headers differ: WAL mode %s, poll mode %s", id, a, b)

@@ -218,6 +218,7 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 			r.pollOwned.Store(int64(len(rd.Owned())))
 			r.metrics.PollBuckets.Set(float64(len(rd.Owned())))
 			r.oldest.see(sh.OldestSeq, sh.OldestAt, rebalanced)
+			r.pollScanned.Store(sh.Scanned)
 		}
 		r.lookStall(time.Now())
 		rows, err := rd.Read(stop.read)

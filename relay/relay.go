@@ -60,7 +60,8 @@ type Relay struct {
 	pollRunning atomic.Bool
 	polling     atomic.Bool
 	pollOwned   atomic.Int64
-	oldest      oldestWatch // poll mode: the table's oldest unpublished row
+	oldest      oldestWatch  // poll mode: the table's oldest unpublished row
+	pollScanned atomic.Int64 // poll mode: rows the table's scans fetched, by the server's statistics
 
 	elector *lease.Elector
 	lead    atomic.Pointer[leadership] // the current or last term
@@ -168,6 +169,9 @@ func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.M
 	if cfg.Source == "poll" {
 		m.GaugeFunc("outbox_connector_poll_oldest_unpublished_age_seconds", "Poll mode: age of the oldest row of the outbox not yet published (by its created_at), as this instance last saw it; 0 when none.", func() float64 {
 			return r.oldest.age(time.Now())
+		})
+		m.GaugeFunc("outbox_connector_poll_table_rows_scanned", "Poll mode: rows the scans of the outbox table fetched so far (pg_stat_user_tables seq_tup_read + idx_tup_fetch, its partitions included), read once a second; its rate over the rate of events published is the rows scanned per event.", func() float64 {
+			return float64(r.pollScanned.Load())
 		})
 	}
 	r.stallMetrics(m)

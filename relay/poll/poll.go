@@ -284,8 +284,17 @@ SELECT (SELECT count(*) FROM m WHERE pid = pg_backend_pid()) = 1,
        coalesce((SELECT array_agg(pid) FROM a WHERE silent), '{}'::int[]),
        coalesce((SELECT array_agg(app) FROM a WHERE silent AND app <> ''), '{}'::text[])`
 
+// queryScanned is the rows the scans of the table (its partitions too)
+// fetched so far, by the server's statistics: every reader's reads and
+// marks, and anything else that scans it.
+const queryScanned = `SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0)::bigint
+FROM pg_stat_user_tables WHERE relid IN (SELECT relid FROM pg_partition_tree($1::regclass))`
+
 // Shares is what Rebalance saw.
 type Shares struct {
+	// Scanned is the rows the table's scans fetched so far (see
+	// queryScanned).
+	Scanned int64
 	Readers int   // live readers of the table, this one included
 	Held    []int // buckets held by any reader
 	Fewest  int   // the fewest buckets a live reader holds
@@ -343,6 +352,10 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 	var err error
 	if sh.OldestSeq, sh.OldestAt, err = r.Oldest(ctx); err != nil {
 		return sh, err
+	}
+	r.Queries("scanned")
+	if err := r.queryRow(ctx, queryScanned, pgx.Identifier{r.cfg.Schema, r.cfg.Table}.Sanitize()).Scan(&sh.Scanned); err != nil {
+		return sh, fmt.Errorf("poll mode: read the table's scan statistics: %w", err)
 	}
 	n := max(sh.Readers, 1)
 	lo, hi := r.cfg.Buckets/n, (r.cfg.Buckets+n-1)/n
