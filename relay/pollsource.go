@@ -34,7 +34,7 @@ func (r *Relay) rebalanceEvery() time.Duration { return min(time.Second, r.cfg.L
 // instance reads the buckets it owns (see relay/poll), reconnecting after
 // transient failures, until ctx is done.
 func (r *Relay) runPoll(ctx context.Context, pool *pgxpool.Pool) error {
-	backoff := retry.New(500*time.Millisecond, 30*time.Second)
+	backoff := retry.Jittered(500*time.Millisecond, 30*time.Second)
 	r.pollRunning.Store(true)
 	defer r.pollRunning.Store(false)
 	r.log.Info("poll mode: reading unpublished rows from the table (no slot); at-least-once with the idempotent producer",
@@ -164,15 +164,22 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 
 	r.polling.Store(true)
 	loopErr := r.pollLoop(stop, rd, tr, events, prodDone, wake, infos)
+	if loopErr != nil && ctx.Err() == nil {
+		// The session failed: its buckets may be another reader's already.
+		// Publish nothing more: what is buffered is dropped with the
+		// client (never marked, the next owner reads it again), rather
+		// than landing after the next owner's newer records of a key.
+		stop.cancelHard()
+	}
 	stop.cutRead()
 	close(events)
 	prodErr := producing.Wait()
 	tr.Reset()
 	switch {
+	case loopErr != nil && ctx.Err() == nil && !errors.Is(loopErr, poll.ErrProducerStopped):
+		return loopErr
 	case prodErr != nil && (ctx.Err() == nil || !errors.Is(prodErr, context.Canceled)):
 		return &kafkaError{prodErr}
-	case loopErr != nil && ctx.Err() == nil:
-		return loopErr
 	}
 	return loopErr
 }
@@ -186,15 +193,19 @@ func (r *Relay) pollConnect(ctx context.Context, app string) (*pgx.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	for k, v := range map[string]string{
-		"application_name": app, "tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5",
-		"tcp_keepalives_count": "3", "tcp_user_timeout": "30000",
-	} {
-		cfg.RuntimeParams[k] = v
-	}
+	cfg.RuntimeParams["application_name"] = app
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
 	cfg.DialFunc = d.DialContext
-	return pgx.ConnectConfig(ctx, cfg)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	// The server's end, set after the start rather than as startup
+	// parameters, which a pooler refuses: best effort.
+	if _, err := conn.Exec(ctx, "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000"); err != nil {
+		r.log.Debug("poll mode: server-side TCP keepalives not set", "err", err)
+	}
+	return conn, nil
 }
 
 // pollLoop reads, publishes and marks batches until a stop or a failure.
@@ -211,13 +222,16 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 				}
 				return err
 			}
+			if sh.EndErr != nil {
+				r.log.Warn("poll mode: a reader ran nothing for longer than OUTBOX_LEASE_TTL, and its session could not be ended (run every instance as one role); its buckets wait for it", "err", sh.EndErr)
+			}
 			if len(sh.Ended) > 0 {
 				r.log.Warn("poll mode: ended the sessions of a reader that ran nothing for longer than OUTBOX_LEASE_TTL (frozen, or cut off unnoticed by the server); its buckets are free", "pids", sh.Ended, "silence", r.cfg.LeaseTTL)
 			}
 			rebalanced = time.Now()
 			r.pollOwned.Store(int64(len(rd.Owned())))
 			r.metrics.PollBuckets.Set(float64(len(rd.Owned())))
-			r.oldest.see(sh.OldestSeq, sh.OldestAt, rebalanced)
+			r.oldest.see(sh.OldestSeq, sh.OldestAt, sh.OldestOwned, rebalanced)
 			r.pollScanned.Store(sh.Scanned)
 		}
 		r.lookStall(time.Now())
@@ -259,7 +273,7 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 				// Never committed in the tracker: nothing of the batch is
 				// marked; the next owner reads it again.
 				txn.Abandon()
-				return errors.New("poll mode: the producer stopped")
+				return poll.ErrProducerStopped
 			case <-stop.hard.Done():
 				txn.Abandon()
 				return stop.hard.Err()
@@ -281,7 +295,7 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 				if tr.Acked() >= batch {
 					break
 				}
-				return errors.New("poll mode: the producer stopped before Kafka acknowledged the batch")
+				return fmt.Errorf("%w before Kafka acknowledged the batch", poll.ErrProducerStopped)
 			case <-stop.hard.Done():
 				return stop.hard.Err()
 			}
@@ -306,6 +320,7 @@ func (r *Relay) pollMark(stop *stopper, rd *poll.Reader, rows []poll.Row) error 
 		err := rd.Mark(stop.hard, rows)
 		switch {
 		case err == nil:
+			r.oldest.markDone()
 			return nil
 		case errors.Is(err, poll.ErrNotMarked):
 			return &fatal.Error{Msg: "OUTBOX_SOURCE=poll", Err: err}
@@ -321,50 +336,76 @@ func (r *Relay) pollMark(stop *stopper, rd *poll.Reader, rows []poll.Row) error 
 			return stop.hard.Err()
 		case <-time.After(wait):
 		}
-		// The batch waits, and the line behind it: the oldest row says so
-		// (and this statement keeps the session visibly alive).
-		seq, at, err := rd.Oldest(stop.hard)
-		if err != nil {
+		r.oldest.markFailing(time.Now())
+		if err := rd.Touch(stop.hard); err != nil {
 			return err
 		}
-		r.oldest.see(seq, at, time.Now())
 	}
 }
 
-// oldestWatch follows the oldest unpublished row of the table, as the
-// instances' looks at the shares see it: a row that stays the oldest for
-// longer than the stall timeout is one no instance delivers (a bucket
-// nobody serves, a mark that keeps failing, an event stuck behind the
-// registry). Every instance says so.
+// oldestWatch follows the oldest unpublished row of the table, as this
+// instance's looks at the shares see it, and this instance's marks. A row
+// whose bucket no reader holds for longer than the stall timeout is one
+// nobody will deliver (the readers that should have taken it cannot: say,
+// a silent reader of another role keeps it); marks refused for as long
+// leave this instance's batch, and its buckets, waiting. Either is a stall.
+// A row whose bucket is held but waits (on Kafka, the registry) is its
+// holder's stall, which its own watch says.
 type oldestWatch struct {
-	mu    sync.Mutex
-	seq   int64
-	at    time.Time // when the row was written (created_at)
-	since time.Time // since when it is the oldest
+	mu          sync.Mutex
+	seq         int64
+	at          time.Time // when the row was written (created_at; zero: unknown)
+	unownedFrom time.Time // since when its bucket has no holder (zero: it has one)
+	failingFrom time.Time // since when this instance's marks fail (zero: they do not)
 }
 
-func (w *oldestWatch) see(seq int64, at, now time.Time) {
+func (w *oldestWatch) see(seq int64, at time.Time, owned bool, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if seq != w.seq || seq == 0 {
-		w.seq, w.since = seq, now
+	if seq != w.seq || seq == 0 || owned {
+		w.unownedFrom = time.Time{}
 	}
-	w.at = at
+	if seq != 0 && !owned && w.unownedFrom.IsZero() {
+		w.unownedFrom = now
+	}
+	w.seq, w.at = seq, at
 }
 
-func (w *oldestWatch) clear() { w.see(0, time.Time{}, time.Time{}) }
+func (w *oldestWatch) markFailing(now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failingFrom.IsZero() {
+		w.failingFrom = now
+	}
+}
 
-// stuck is the oldest row's wait when it is longer than timeout.
+func (w *oldestWatch) markDone() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.failingFrom = time.Time{}
+}
+
+func (w *oldestWatch) clear() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seq, w.at, w.unownedFrom, w.failingFrom = 0, time.Time{}, time.Time{}, time.Time{}
+}
+
+// stuck says whether either lasted longer than timeout, and why.
 func (w *oldestWatch) stuck(now time.Time, timeout time.Duration) (bool, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.seq == 0 || now.Sub(w.since) <= timeout {
-		return false, ""
+	if !w.failingFrom.IsZero() && now.Sub(w.failingFrom) > timeout {
+		return true, fmt.Sprintf("this instance's marks of a batch Kafka has have failed for %s (OUTBOX_STALL_TIMEOUT %s): its buckets wait", now.Sub(w.failingFrom).Round(time.Second), timeout)
 	}
-	return true, fmt.Sprintf("the oldest unpublished row of the outbox (seq %d, written %s) has stayed unpublished for %s (OUTBOX_STALL_TIMEOUT %s): no instance delivers its bucket", w.seq, w.at.UTC().Format(time.RFC3339), now.Sub(w.since).Round(time.Second), timeout)
+	if !w.unownedFrom.IsZero() && now.Sub(w.unownedFrom) > timeout {
+		return true, fmt.Sprintf("the oldest unpublished row of the outbox (seq %d) has been in a bucket no reader holds for %s (OUTBOX_STALL_TIMEOUT %s)", w.seq, now.Sub(w.unownedFrom).Round(time.Second), timeout)
+	}
+	return false, ""
 }
 
-// age is how long ago the oldest unpublished row was written (0: none).
+// age is how long ago the oldest unpublished row was written (0: none, or
+// the table does not say).
 func (w *oldestWatch) age(now time.Time) float64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -235,8 +235,8 @@ func (c *Config) Validate() error {
 		if c.PollInterval < time.Millisecond || c.PollInterval > c.LeaseTTL/3 {
 			errs = append(errs, fmt.Errorf("OUTBOX_POLL_INTERVAL: %s; use at least 1ms and at most a third of OUTBOX_LEASE_TTL (%s), after which the other instances take a silent one for dead", c.PollInterval, c.LeaseTTL))
 		}
-		if c.PollBatch < 1 || c.PollBatchBytes < 1 {
-			errs = append(errs, fmt.Errorf("OUTBOX_POLL_BATCH (%d) and OUTBOX_POLL_BATCH_BYTES (%d) must be positive", c.PollBatch, c.PollBatchBytes))
+		if c.PollBatch < 1 || c.PollBatch > 4096 || c.PollBatchBytes < 1 {
+			errs = append(errs, fmt.Errorf("OUTBOX_POLL_BATCH (%d) must be 1 to 4096 (what the producer takes without waiting) and OUTBOX_POLL_BATCH_BYTES (%d) positive", c.PollBatch, c.PollBatchBytes))
 		}
 		if c.PollBuckets < 1 || c.PollBuckets > 1024 {
 			errs = append(errs, fmt.Errorf("OUTBOX_POLL_BUCKETS: %d; use 1 to 1024, the same on every instance", c.PollBuckets))

@@ -78,6 +78,10 @@ var ErrNotSession = errors.New("poll mode needs one server session per connectio
 // UPDATE succeeded: something in the database discards it.
 var ErrNotMarked = errors.New("poll mode could not mark rows published: the UPDATE of published_at changed fewer rows than it was given, with no error; a row-level security policy without UPDATE, a BEFORE UPDATE trigger returning NULL or a rule discards it, and every row would be published again and again. Let the relay's role update published_at")
 
+// ErrProducerStopped says the producer ended before a batch was delivered
+// (its own error says why).
+var ErrProducerStopped = errors.New("poll mode: the producer stopped")
+
 // Published is the column poll mode marks.
 const Published = "published_at"
 
@@ -165,16 +169,36 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 	q := pgx.Identifier{r.seq}.Sanitize()
 	r.mark = fmt.Sprintf("UPDATE %s SET %s = now() WHERE %s = ANY($1) AND %s IS NULL", name, Published, q, Published)
 	r.unmark = fmt.Sprintf("SELECT count(*) FROM %s WHERE %s = ANY($1) AND %s IS NULL", name, q, Published)
-	r.oldest = fmt.Sprintf("SELECT %s, created_at FROM %s WHERE %s IS NULL ORDER BY %s LIMIT 1", q, name, Published, q)
+	created := "NULL::timestamptz"
+	var hasCreated bool
+	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'created_at' AND NOT attisdropped AND atttypid = 'timestamptz'::regtype)`, name).Scan(&hasCreated); err != nil {
+		return nil, fmt.Errorf("poll mode: inspect %s: %w", name, err)
+	}
+	if hasCreated {
+		created = "created_at"
+	}
+	r.key1 = lockKey("outbox-poll-buckets:" + name)
+	// The oldest unpublished row, when it was written (if the table says),
+	// and whether a reader holds its bucket.
+	r.oldest = fmt.Sprintf(`SELECT o.seq, o.at, EXISTS (SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND classid = %[6]d::bigint::oid AND objsubid = 2 AND objid = o.bucket::bigint::oid)
+FROM (SELECT %[1]s::bigint AS seq, %[2]s AS at, (hashtext(coalesce(%[3]s::text, '')) & 2147483647) %% %[4]d AS bucket
+      FROM %[5]s WHERE %[7]s IS NULL ORDER BY %[1]s LIMIT 1) o`, q, created, pgx.Identifier{cfg.Key}.Sanitize(), cfg.Buckets, name, r.key1, Published)
 	// A mark that cannot work is said now, before anything is published:
 	// no privilege (fatal), a read-only transaction (retried).
 	r.Queries("check")
 	if _, err := r.exec(ctx, fmt.Sprintf("UPDATE %s SET %s = %s WHERE false", name, Published, Published)); err != nil {
 		return nil, fmt.Errorf("poll mode: the relay must be able to mark rows (UPDATE %s of %s): %w", Published, name, err)
 	}
-	r.key1 = lockKey("outbox-poll-buckets:" + name)
 	r.memb = lockKey("outbox-poll-readers:" + name)
 	conf, mine := lockKey("outbox-poll-config:"+name), lockKey(fmt.Sprintf("%d/%s", cfg.Buckets, cfg.Key))
+	// The lock first, then the look: two instances starting together with
+	// different settings each see the other's.
+	r.Queries("lock")
+	if _, err := r.exec(ctx, "SELECT pg_advisory_lock_shared($1, $2), pg_advisory_lock($3, pg_backend_pid())", conf, mine, r.memb); err != nil {
+		return nil, fmt.Errorf("poll mode: join the readers of %s: %w", name, err)
+	}
 	var others int
 	r.Queries("check")
 	if err := r.queryRow(ctx, queryOtherConfig, conf, mine).Scan(&others); err != nil {
@@ -184,10 +208,6 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 		// Two bucket counts (or key columns) would put one aggregate in
 		// two readers' buckets: published twice, out of order.
 		return nil, fmt.Errorf("%w: %d reader(s) of %s run with another OUTBOX_POLL_BUCKETS or table.field.event.key than this one (%d, %q); every instance of a table must use the same: stop them all to change it", ErrNotPrepared, others, name, cfg.Buckets, cfg.Key)
-	}
-	r.Queries("lock")
-	if _, err := r.exec(ctx, "SELECT pg_advisory_lock_shared($1, $2), pg_advisory_lock($3, pg_backend_pid())", conf, mine, r.memb); err != nil {
-		return nil, fmt.Errorf("poll mode: join the readers of %s: %w", name, err)
 	}
 	return r, nil
 }
@@ -205,7 +225,9 @@ func (r *Reader) bound(ctx context.Context) (context.Context, context.CancelFunc
 	if r.cfg.Silence <= 0 {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, r.cfg.Silence)
+	// Generous: the others never take an active statement for silence;
+	// this only ends a session stuck on a network that stopped answering.
+	return context.WithTimeout(ctx, max(3*r.cfg.Silence, 30*time.Second))
 }
 
 func (r *Reader) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -284,11 +306,13 @@ SELECT (SELECT count(*) FROM m WHERE pid = pg_backend_pid()) = 1,
        coalesce((SELECT array_agg(pid) FROM a WHERE silent), '{}'::int[]),
        coalesce((SELECT array_agg(app) FROM a WHERE silent AND app <> ''), '{}'::text[])`
 
-// queryScanned is the rows the scans of the table (its partitions too)
-// fetched so far, by the server's statistics: every reader's reads and
-// marks, and anything else that scans it.
+// queryScanned is the rows the scans of the table (its partitions too;
+// pg_partition_tree gives nothing for a plain table) fetched so far, by the
+// server's statistics (a backend reports its counts about once a second
+// while busy, within 10 s when idle): every reader's reads and marks, and
+// anything else that scans it.
 const queryScanned = `SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0)::bigint
-FROM pg_stat_user_tables WHERE relid IN (SELECT relid FROM pg_partition_tree($1::regclass))`
+FROM pg_stat_user_tables WHERE relid = $1::regclass OR relid IN (SELECT relid FROM pg_partition_tree($1::regclass))`
 
 // Shares is what Rebalance saw.
 type Shares struct {
@@ -302,8 +326,12 @@ type Shares struct {
 	Ended []int
 	// Oldest is the unpublished row that comes first (Seq 0: none), and
 	// when it was written.
-	OldestSeq int64
-	OldestAt  time.Time
+	OldestSeq   int64
+	OldestAt    time.Time
+	OldestOwned bool // a reader holds its bucket
+	// EndErr is why ending silent readers failed (logged, never fatal: a
+	// session of another role may not be signalled).
+	EndErr error
 }
 
 // Rebalance ends silent readers' sessions (their buckets come free), then
@@ -338,19 +366,23 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 		// MATERIALIZED: the sessions are chosen first, then ended; a
 		// filter the planner might evaluate after the call could not end
 		// another.
-		rows, err := r.conn.Query(ctx, `WITH t AS MATERIALIZED (SELECT pid FROM pg_stat_activity
-			WHERE (pid = ANY($1) OR application_name = ANY($2)) AND pid <> pg_backend_pid() AND datname = current_database())
+		rows, err := r.conn.Query(ctx, `WITH t AS MATERIALIZED (SELECT pid FROM pg_stat_activity s
+			WHERE (pid = ANY($1) OR application_name = ANY($2)) AND pid <> pg_backend_pid() AND datname = current_database()
+			  AND pg_has_role(s.usesysid, 'MEMBER')
+			  AND (NOT (SELECT rolsuper FROM pg_roles WHERE oid = s.usesysid) OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)))
 			SELECT pid FROM t WHERE pg_terminate_backend(pid)`, silent, apps)
 		if err == nil {
 			sh.Ended, err = pgx.CollectRows(rows, pgx.RowTo[int])
 		}
 		r.last = time.Now()
 		if err != nil {
-			return sh, fmt.Errorf("poll mode: end the sessions of silent readers %v: %w", silent, err)
+			// Not fatal, and not the end of the look: the readers that
+			// can be signalled are, the others are said.
+			sh.EndErr = fmt.Errorf("poll mode: end the sessions of silent readers %v: %w", silent, err)
 		}
 	}
 	var err error
-	if sh.OldestSeq, sh.OldestAt, err = r.Oldest(ctx); err != nil {
+	if sh.OldestSeq, sh.OldestAt, sh.OldestOwned, err = r.Oldest(ctx); err != nil {
 		return sh, err
 	}
 	r.Queries("scanned")
@@ -408,18 +440,21 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 }
 
 // Oldest returns the unpublished row that comes first in the table (seq 0:
-// none), and when it was written.
-func (r *Reader) Oldest(ctx context.Context) (int64, time.Time, error) {
-	var seq *int64
-	var at *time.Time
+// none), when it was written (zero when the table does not say), and
+// whether a reader holds its bucket.
+func (r *Reader) Oldest(ctx context.Context) (seq int64, at time.Time, owned bool, err error) {
+	var atp *time.Time
 	r.Queries("oldest")
-	if err := r.queryRow(ctx, r.oldest).Scan(&seq, &at); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return 0, time.Time{}, fmt.Errorf("poll mode: read the oldest unpublished row: %w", err)
+	if err := r.queryRow(ctx, r.oldest).Scan(&seq, &atp, &owned); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, time.Time{}, false, nil
+		}
+		return 0, time.Time{}, false, fmt.Errorf("poll mode: read the oldest unpublished row: %w", err)
 	}
-	if seq == nil || at == nil {
-		return 0, time.Time{}, nil
+	if atp != nil {
+		at = *atp
 	}
-	return *seq, *at, nil
+	return seq, at, owned, nil
 }
 
 // Read returns the unpublished rows of the buckets held, in the order of
@@ -461,6 +496,7 @@ WHERE "outbox.poll.before" < %[8]d ORDER BY "outbox.poll.seq"`,
 	// A copy: pgx reuses its field descriptions for the next statement.
 	fields := slices.Clone(rows.FieldDescriptions()[2:])
 	var out []Row
+	size := 0
 	for rows.Next() {
 		raw := rows.RawValues()
 		seq, err := strconv.ParseInt(string(raw[0]), 10, 64)
@@ -474,11 +510,24 @@ WHERE "outbox.poll.before" < %[8]d ORDER BY "outbox.poll.seq"`,
 			}
 		}
 		out = append(out, row)
+		// The hard bound: the server's count is of stored (compressed)
+		// sizes, and the text sent may be far larger.
+		if size += rowSize(row); size >= r.cfg.BatchBytes {
+			break
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("poll mode: read %s.%s: %w", r.cfg.Schema, r.cfg.Table, err)
 	}
 	return out, nil
+}
+
+func rowSize(row Row) int {
+	n := 0
+	for _, v := range row.Values {
+		n += len(v)
+	}
+	return n
 }
 
 // Mark records rows as published. It runs on the connection holding the
