@@ -48,4 +48,10 @@ func TestOldestWatch(t *testing.T) {
 	if stuck(t0.Add(time.Hour)) || w.age(t0) != 0 {
 		t.Error("cleared, still a stall or an age")
 	}
+	// A session's end does not forget marks that keep failing.
+	w.markFailing(t0)
+	w.clear()
+	if !stuck(t0.Add(timeout + time.Second)) {
+		t.Error("marks failing across sessions are no stall")
+	}
 }

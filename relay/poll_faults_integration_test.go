@@ -347,3 +347,25 @@ func pollLockKey(name string) int32 {
 	}
 	return int32(h & 0x7fffffff)
 }
+
+// TestPollProducerFatal: a producer that stops for good (Kafka refuses the
+// dead-letter topic's name) stops poll mode with its reason, whatever the
+// loop was doing when it stopped: the loop's own "context canceled" is not
+// the cause, and taken for one it would reconnect forever.
+func TestPollProducerFatal(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	preparePoll(t, pg)
+	cfg := pollConfig(t, pg.DSN("outbox"), brokers)
+	cfg.DLQTopic = "no spaces allowed"
+	run := startRelay(t, cfg)
+	select {
+	case err := <-run.done:
+		if !fatal.Is(err) || !strings.Contains(err.Error(), "OUTBOX_DLQ_TOPIC") {
+			t.Fatalf("Run returned %v; want the fatal refusal of the dead-letter topic", err)
+		}
+		run.done <- err
+	case <-time.After(60 * time.Second):
+		t.Fatal("poll mode went on with a dead-letter topic Kafka refuses")
+	}
+}

@@ -164,7 +164,13 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 
 	r.polling.Store(true)
 	loopErr := r.pollLoop(stop, rd, tr, events, prodDone, wake, infos)
-	if loopErr != nil && ctx.Err() == nil {
+	producerEnded := false
+	select {
+	case <-prodDone:
+		producerEnded = true // on its own: its error is the cause
+	default:
+	}
+	if loopErr != nil && !(ctx.Err() != nil && errors.Is(loopErr, context.Canceled)) {
 		// The session failed: its buckets may be another reader's already.
 		// Publish nothing more: what is buffered is dropped with the
 		// client (never marked, the next owner reads it again), rather
@@ -176,6 +182,8 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 	prodErr := producing.Wait()
 	tr.Reset()
 	switch {
+	case producerEnded && prodErr != nil:
+		return &kafkaError{prodErr}
 	case loopErr != nil && ctx.Err() == nil && !errors.Is(loopErr, poll.ErrProducerStopped):
 		return loopErr
 	case prodErr != nil && (ctx.Err() == nil || !errors.Is(prodErr, context.Canceled)):
@@ -202,15 +210,17 @@ func (r *Relay) pollConnect(ctx context.Context, app string) (*pgx.Conn, error) 
 	}
 	// The server's end, set after the start rather than as startup
 	// parameters, which a pooler refuses: best effort.
-	if _, err := conn.Exec(ctx, "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000"); err != nil {
-		r.log.Debug("poll mode: server-side TCP keepalives not set", "err", err)
+	for _, set := range []string{"SET tcp_keepalives_idle = 10", "SET tcp_keepalives_interval = 5", "SET tcp_keepalives_count = 3", "SET tcp_user_timeout = 30000"} {
+		if _, err := conn.Exec(ctx, set); err != nil {
+			r.log.Debug("poll mode: a server-side TCP keepalive setting was refused", "set", set, "err", err)
+		}
 	}
 	return conn, nil
 }
 
 // pollLoop reads, publishes and marks batches until a stop or a failure.
 func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, events chan<- wal.Event, prodDone <-chan struct{}, wake <-chan struct{}, infos map[string]*route.ColumnInfo) error {
-	var rebalanced time.Time
+	var rebalanced, warned time.Time
 	var batch tracker.LSN
 	table := r.schema + "." + r.table
 	for stop.read.Err() == nil {
@@ -222,8 +232,10 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 				}
 				return err
 			}
-			if sh.EndErr != nil {
-				r.log.Warn("poll mode: a reader ran nothing for longer than OUTBOX_LEASE_TTL, and its session could not be ended (run every instance as one role); its buckets wait for it", "err", sh.EndErr)
+			if (sh.EndErr != nil || sh.Silent > len(sh.Ended) || sh.OtherRoles > 0) && time.Since(warned) > time.Minute {
+				warned = time.Now()
+				r.log.Warn("poll mode: readers of the table run as another role, or a silent reader's session could not be ended: such a reader's silence may go unseen and its buckets wait for it; run every instance as one role",
+					"other_roles", sh.OtherRoles, "silent", sh.Silent, "ended", len(sh.Ended), "err", sh.EndErr)
 			}
 			if len(sh.Ended) > 0 {
 				r.log.Warn("poll mode: ended the sessions of a reader that ran nothing for longer than OUTBOX_LEASE_TTL (frozen, or cut off unnoticed by the server); its buckets are free", "pids", sh.Ended, "silence", r.cfg.LeaseTTL)
@@ -325,6 +337,10 @@ func (r *Relay) pollMark(stop *stopper, rd *poll.Reader, rows []poll.Row) error 
 		case errors.Is(err, poll.ErrNotMarked):
 			return &fatal.Error{Msg: "OUTBOX_SOURCE=poll", Err: err}
 		case fatal.Is(err) || rd.Closed() || stop.hard.Err() != nil:
+			// Counted across sessions: a mark that fails so every time
+			// (a deadline behind a lock) publishes the batch again each
+			// session, and says so once it lasts.
+			r.oldest.markFailing(time.Now())
 			return err
 		}
 		wait := backoff.NextBackOff()
@@ -388,7 +404,9 @@ func (w *oldestWatch) markDone() {
 func (w *oldestWatch) clear() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.seq, w.at, w.unownedFrom, w.failingFrom = 0, time.Time{}, time.Time{}, time.Time{}
+	// Not failingFrom: marks that keep failing across sessions are one
+	// stall (markDone ends it).
+	w.seq, w.at, w.unownedFrom = 0, time.Time{}, time.Time{}
 }
 
 // stuck says whether either lasted longer than timeout, and why.

@@ -179,10 +179,12 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 	}
 	r.key1 = lockKey("outbox-poll-buckets:" + name)
 	// The oldest unpublished row, when it was written (if the table says),
-	// and whether a reader holds its bucket.
-	r.oldest = fmt.Sprintf(`SELECT o.seq, o.at, EXISTS (SELECT 1 FROM pg_locks
-    WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND classid = %[6]d::bigint::oid AND objsubid = 2 AND objid = o.bucket::bigint::oid)
+	// and whether a reader that is not silent (see queryShares) holds its
+	// bucket.
+	r.oldest = fmt.Sprintf(`SELECT o.seq, o.at, EXISTS (SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity s ON s.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = %[6]d::bigint::oid AND l.objsubid = 2 AND l.objid = o.bucket::bigint::oid
+      AND NOT coalesce(l.pid <> pg_backend_pid() AND (s.state <> 'active' OR s.wait_event = 'ClientWrite') AND s.state_change < now() - $1::interval, false))
 FROM (SELECT %[1]s::bigint AS seq, %[2]s AS at, (hashtext(coalesce(%[3]s::text, '')) & 2147483647) %% %[4]d AS bucket
       FROM %[5]s WHERE %[7]s IS NULL ORDER BY %[1]s LIMIT 1) o`, q, created, pgx.Identifier{cfg.Key}.Sanitize(), cfg.Buckets, name, r.key1, Published)
 	// A mark that cannot work is said now, before anything is published:
@@ -256,6 +258,15 @@ func (r *Reader) queryRow(ctx context.Context, sql string, args ...any) scanner 
 	return scanner{r.conn.QueryRow(ctx, sql, args...), cancel, r}
 }
 
+// silence is Silence as an interval parameter (a century when 0: never).
+func (r *Reader) silence() string {
+	d := r.cfg.Silence
+	if d <= 0 {
+		d = 100 * 365 * 24 * time.Hour
+	}
+	return fmt.Sprintf("%d milliseconds", d.Milliseconds())
+}
+
 // Touch runs a statement when none ran for a third of Silence, so that the
 // other readers do not take this one for dead while it waits (for Kafka).
 func (r *Reader) Touch(ctx context.Context) error {
@@ -304,7 +315,8 @@ SELECT (SELECT count(*) FROM m WHERE pid = pg_backend_pid()) = 1,
        coalesce((SELECT array_agg(bucket) FROM b), '{}'::int[]),
        coalesce((SELECT min(c) FROM (SELECT count(b.bucket) AS c FROM a LEFT JOIN b USING (pid) WHERE NOT a.silent GROUP BY a.pid) x), 0)::int,
        coalesce((SELECT array_agg(pid) FROM a WHERE silent), '{}'::int[]),
-       coalesce((SELECT array_agg(app) FROM a WHERE silent AND app <> ''), '{}'::text[])`
+       coalesce((SELECT array_agg(app) FROM a WHERE silent AND app <> ''), '{}'::text[]),
+       (SELECT count(*) FROM m JOIN pg_stat_activity s USING (pid) WHERE s.usesysid <> (SELECT oid FROM pg_roles WHERE rolname = current_user))::int`
 
 // queryScanned is the rows the scans of the table (its partitions too;
 // pg_partition_tree gives nothing for a plain table) fetched so far, by the
@@ -332,6 +344,12 @@ type Shares struct {
 	// EndErr is why ending silent readers failed (logged, never fatal: a
 	// session of another role may not be signalled).
 	EndErr error
+	// Silent counts the silent readers found; more than len(Ended) were
+	// left alone (not ours to signal).
+	Silent int
+	// OtherRoles counts the readers running as another role: their
+	// silence may not be seen, nor their sessions ended.
+	OtherRoles int
 }
 
 // Rebalance ends silent readers' sessions (their buckets come free), then
@@ -344,15 +362,11 @@ type Shares struct {
 // once.
 func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 	var sh Shares
-	silence := r.cfg.Silence
-	if silence <= 0 {
-		silence = 100 * 365 * 24 * time.Hour
-	}
 	var session bool
 	var silent []int
 	var apps []string
 	r.Queries("shares")
-	if err := r.queryRow(ctx, queryShares, r.memb, r.key1, fmt.Sprintf("%d milliseconds", silence.Milliseconds())).Scan(&session, &sh.Readers, &sh.Held, &sh.Fewest, &silent, &apps); err != nil {
+	if err := r.queryRow(ctx, queryShares, r.memb, r.key1, r.silence()).Scan(&session, &sh.Readers, &sh.Held, &sh.Fewest, &silent, &apps, &sh.OtherRoles); err != nil {
 		return sh, fmt.Errorf("poll mode: read the readers' shares: %w", err)
 	}
 	if !session {
@@ -361,6 +375,7 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 		// session, and session locks (the buckets' fence) mean nothing.
 		return sh, ErrNotSession
 	}
+	sh.Silent = len(silent)
 	if len(silent) > 0 {
 		r.Queries("terminate")
 		// MATERIALIZED: the sessions are chosen first, then ended; a
@@ -368,7 +383,7 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 		// another.
 		rows, err := r.conn.Query(ctx, `WITH t AS MATERIALIZED (SELECT pid FROM pg_stat_activity s
 			WHERE (pid = ANY($1) OR application_name = ANY($2)) AND pid <> pg_backend_pid() AND datname = current_database()
-			  AND pg_has_role(s.usesysid, 'MEMBER')
+			  AND (pg_has_role(s.usesysid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE'))
 			  AND (NOT (SELECT rolsuper FROM pg_roles WHERE oid = s.usesysid) OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)))
 			SELECT pid FROM t WHERE pg_terminate_backend(pid)`, silent, apps)
 		if err == nil {
@@ -445,7 +460,7 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 func (r *Reader) Oldest(ctx context.Context) (seq int64, at time.Time, owned bool, err error) {
 	var atp *time.Time
 	r.Queries("oldest")
-	if err := r.queryRow(ctx, r.oldest).Scan(&seq, &atp, &owned); err != nil {
+	if err := r.queryRow(ctx, r.oldest, r.silence()).Scan(&seq, &atp, &owned); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, time.Time{}, false, nil
 		}
