@@ -330,25 +330,6 @@ func serverCPU(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
 	return total, nil
 }
 
-// procParent is a process's parent pid (0 when unknown).
-func procParent(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
-}
-
 // pollSystems are the poll part's systems in report order.
 var pollSystems = []string{sysPollWAL, sysPollWALIdem, sysPollNotify, sysPollNoNotify}
 

@@ -12,22 +12,29 @@ import (
 // (100 on every Linux architecture Go supports but alpha and ia64).
 const clockTicks = 100
 
-// procCPU is a process's user+system CPU time so far, all threads.
-func procCPU(pid int) (time.Duration, error) {
+// procStat returns the fields of /proc/<pid>/stat after the command name:
+// state(0), ppid(1), ... The name is in parentheses and may hold spaces, so
+// fields are counted after the last ')'.
+func procStat(pid int) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	// The command name is in parentheses and may hold spaces: fields are
-	// counted after the last ')'.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+		return nil, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
-	f := strings.Fields(s[i+1:])
-	// After the name: state(0) ppid(1) ... utime is field 14 of stat, i.e.
-	// index 11 here; stime index 12.
+	return strings.Fields(s[i+1:]), nil
+}
+
+// procCPU is a process's user+system CPU time so far, all threads.
+func procCPU(pid int) (time.Duration, error) {
+	f, err := procStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	// utime is field 14 of stat, i.e. index 11 here; stime index 12.
 	if len(f) < 13 {
 		return 0, fmt.Errorf("short /proc/%d/stat", pid)
 	}
@@ -37,6 +44,16 @@ func procCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("malformed times in /proc/%d/stat", pid)
 	}
 	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// procParent is a process's parent pid (0 when unknown).
+func procParent(pid int) int {
+	f, err := procStat(pid)
+	if err != nil || len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
 }
 
 // procMem returns the resident set and its peak (VmRSS, VmHWM) in bytes.

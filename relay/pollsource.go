@@ -57,14 +57,7 @@ func (r *Relay) runPoll(ctx context.Context, pool *pgxpool.Pool) error {
 		case err == nil:
 			err = errors.New("the poll session ended with no error while the connector runs")
 		}
-		msg := config.RedactError(err, r.cfg.PGDSN)
-		r.lastErr.Store(&msg)
-		if time.Since(started) > time.Minute {
-			backoff.Reset()
-		}
-		r.metrics.Reconnects.WithLabelValues(target(err)).Inc()
-		wait := backoff.NextBackOff()
-		r.log.Warn("poll session interrupted; reconnecting", "err", msg, "backoff", wait)
+		wait := r.retryAfter(err, started, backoff, "poll session")
 		select {
 		case <-ctx.Done():
 			return nil
@@ -152,8 +145,8 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 	tr := tracker.New(0)
 	r.cur.Store(tr)
 	events := make(chan wal.Event, handOver)
-	headers := []kgo.RecordHeader{{Key: TokenHeader, Value: []byte("0")}}
-	cfg := r.pollProducerConfig(headers)
+	// No lease: the token is 0, and the buckets' locks fence (Valid nil).
+	cfg := r.producerConfig([]kgo.RecordHeader{{Key: TokenHeader, Value: []byte("0")}}, nil)
 	prod := publish.New(cfg, kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)
 	prodDone := make(chan struct{})
 	var producing errgroup.Group
@@ -431,16 +424,4 @@ func (w *oldestWatch) age(now time.Time) float64 {
 		return 0
 	}
 	return now.Sub(w.at).Seconds()
-}
-
-// pollProducerConfig is the producer's configuration in poll mode: no
-// lease (the buckets' locks fence), no Kafka transactions.
-func (r *Relay) pollProducerConfig(headers []kgo.RecordHeader) publish.Config {
-	return publish.Config{
-		DLQTopic: r.cfg.DLQTopic, MaxMessageBytes: r.cfg.MaxMessageBytes, TopicCreate: r.cfg.TopicCreate,
-		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
-		TopicConfigs: r.cfg.TopicConfigs, Headers: func() []kgo.RecordHeader { return headers }, Published: &r.published,
-		Poison: &r.poison, Faults: r.faults,
-		Blocked: func(reason string) { r.lastErr.Store(&reason) },
-	}
 }

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -306,14 +307,7 @@ func (r *Relay) leadTerm(ctx context.Context, t *lease.Term, pool *pgxpool.Pool)
 		case fatal.Is(err):
 			return err
 		}
-		msg := config.RedactError(err, r.cfg.PGDSN)
-		r.lastErr.Store(&msg)
-		if time.Since(started) > time.Minute {
-			backoff.Reset()
-		}
-		r.metrics.Reconnects.WithLabelValues(target(err)).Inc()
-		wait := backoff.NextBackOff()
-		r.log.Warn("stream interrupted; reconnecting", "err", msg, "backoff", wait)
+		wait := r.retryAfter(err, started, backoff, "stream")
 		select {
 		case <-ctx.Done():
 			return nil
@@ -429,17 +423,36 @@ func (r *Relay) freeSlot(ctx context.Context, conn *pgx.Conn, own uint32) error 
 	}
 }
 
-func (r *Relay) producerConfig(l *leadership) publish.Config {
+// producerConfig is the producer's configuration: headers are added to
+// every record (the lease token), valid says whether this instance may still
+// publish (nil: poll mode, where the buckets' locks fence).
+func (r *Relay) producerConfig(headers []kgo.RecordHeader, valid func() bool) publish.Config {
 	return publish.Config{
 		DLQTopic: r.cfg.DLQTopic, MaxMessageBytes: r.cfg.MaxMessageBytes, TopicCreate: r.cfg.TopicCreate,
 		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
-		TopicConfigs: r.cfg.TopicConfigs, Headers: func() []kgo.RecordHeader { return l.headers }, Published: &r.published,
+		TopicConfigs: r.cfg.TopicConfigs, Headers: func() []kgo.RecordHeader { return headers }, Published: &r.published,
 		Transactional: r.cfg.Transactional, TxnInterval: r.cfg.TxnInterval, TxnMaxRecords: r.cfg.MaxInFlight,
-		Poison: &r.poison, Valid: l.term.Valid, Faults: r.faults,
+		Poison: &r.poison, Valid: valid, Faults: r.faults,
 		// A producer waiting for what only an operator can fix (a missing
 		// topic) says so in /readyz detail.
 		Blocked: func(reason string) { r.lastErr.Store(&reason) },
 	}
+}
+
+// retryAfter records that a session failed with err (the last error, the
+// reconnect counter, a log line naming what was interrupted) and returns
+// how long to wait before the next; a session that ran for a minute starts
+// the backoff again.
+func (r *Relay) retryAfter(err error, started time.Time, backoff *backoff.ExponentialBackOff, what string) time.Duration {
+	msg := config.RedactError(err, r.cfg.PGDSN)
+	r.lastErr.Store(&msg)
+	if time.Since(started) > time.Minute {
+		backoff.Reset()
+	}
+	r.metrics.Reconnects.WithLabelValues(target(err)).Inc()
+	wait := backoff.NextBackOff()
+	r.log.Warn(what+" interrupted; reconnecting", "err", msg, "backoff", wait)
+	return wait
 }
 
 // Published is how many records Kafka acknowledged since the start.

@@ -110,7 +110,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 		var eo *publish.Offsets
 		eo, err = r.exactlyOnce(stop.read, kcl, c, sys, db, &st, t.Token)
 		if err == nil {
-			cfg := r.producerConfig(l)
+			cfg := r.producerConfig(l.headers, t.Valid)
 			cfg.Offsets = eo
 			cfg.Pipeline = kcl2
 			prod := publish.New(cfg, kcl, r.router, pool, r.log.With("component", "producer"), r.metrics)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -273,7 +272,11 @@ func (r *Relay) lookStall(now time.Time) stallState {
 }
 
 func (r *Relay) stalledAt(now time.Time) (bool, string) {
-	st, why := stalled(r.lookStall(now), r.cfg.StallTimeout, r.LastError)
+	words := walStallWords
+	if r.cfg.Source == "poll" {
+		words = pollStallWords
+	}
+	st, why := stalledSaid(r.lookStall(now), r.cfg.StallTimeout, r.LastError, words)
 	if !st && r.cfg.Source == "poll" {
 		if stuck, reason := r.oldest.stuck(now, r.cfg.StallTimeout); stuck {
 			if e := r.LastError(); e != "" {
@@ -282,26 +285,34 @@ func (r *Relay) stalledAt(now time.Time) (bool, string) {
 			return true, reason
 		}
 	}
-	if st && r.cfg.Source == "poll" {
-		// The same clocks, said as poll mode has it: no lease, no slot.
-		why = strings.NewReplacer(
-			"this instance holds the leader lease (so no standby takes over)", "this poll-mode instance runs (its buckets wait for it)",
-			"PostgreSQL and the slot, fencing the previous leader at Kafka", "PostgreSQL, the table's buckets, Kafka").Replace(why)
-	}
 	return st, why
+}
+
+// stallWords name, in a stall's reason, what the instance holds and what
+// its setup is: the same clocks run for both kinds of relay.
+type stallWords struct{ holds, setup string }
+
+var (
+	walStallWords  = stallWords{"this instance holds the leader lease (so no standby takes over)", "PostgreSQL and the slot, fencing the previous leader at Kafka"}
+	pollStallWords = stallWords{"this poll-mode instance runs (its buckets wait for it)", "PostgreSQL, the table's buckets, Kafka"}
+)
+
+// stalled is stalledSaid in the WAL relay's words.
+func stalled(s stallState, timeout time.Duration, lastErr func() string) (bool, string) {
+	return stalledSaid(s, timeout, lastErr, walStallWords)
 }
 
 // stalled decides a look: owed work waiting longer than timeout, or the
 // lease held with no session past setup for longer, and why (lastErr is
 // asked only then).
-func stalled(s stallState, timeout time.Duration, lastErr func() string) (bool, string) {
+func stalledSaid(s stallState, timeout time.Duration, lastErr func() string, w stallWords) (bool, string) {
 	if s.owed && s.waiting > timeout {
 		return true, owedReason(s, timeout, lastErr)
 	}
 	if s.setup > timeout {
-		why := fmt.Sprintf("this instance holds the leader lease (so no standby takes over) but no session got past setup (PostgreSQL and the slot, fencing the previous leader at Kafka) for %s (OUTBOX_STALL_TIMEOUT %s)", s.setup.Round(time.Second), timeout)
+		why := fmt.Sprintf("%s but no session got past setup (%s) for %s (OUTBOX_STALL_TIMEOUT %s)", w.holds, w.setup, s.setup.Round(time.Second), timeout)
 		if s.failed > 0 {
-			why = fmt.Sprintf("this instance holds the leader lease (so no standby takes over) but its sessions keep ending with no progress: for %s, %d sessions got past setup and ended with nothing acknowledged or dead-lettered and the acked position unmoved (OUTBOX_STALL_TIMEOUT %s)", s.setup.Round(time.Second), s.failed, timeout)
+			why = fmt.Sprintf("%s but its sessions keep ending with no progress: for %s, %d sessions got past setup and ended with nothing acknowledged or dead-lettered and the acked position unmoved (OUTBOX_STALL_TIMEOUT %s)", w.holds, s.setup.Round(time.Second), s.failed, timeout)
 		}
 		if e := lastErr(); e != "" {
 			why += "; last error: " + e
