@@ -50,6 +50,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		args = args[1:]
 		redriveFrom = "table"
 	}
+	// recover is the connector run with OUTBOX_ON_SLOT_LOSS=recover: when
+	// the slot is lost it is replaced, and the events that may not have
+	// been delivered are published again from the outbox table; then it
+	// streams on as usual.
+	recovering := len(args) > 0 && args[0] == "recover"
+	if recovering {
+		args = args[1:]
+	}
 	fs := flag.NewFlagSet("connector", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config.Config
@@ -59,14 +67,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fs.StringVar(&redriveFrom, "from", "table", "redrive: where the dead letters are: table (outbox_dead_letter) or topic (OUTBOX_DLQ_TOPIC)")
 		fs.StringVar(&group, "group", group, "redrive -from topic: consumer group whose offsets remember what was redriven")
 	}
+	allowGap := false
+	if recovering {
+		fs.BoolVar(&allowGap, "allow-gap", false, "recover: go on although the outbox table holds no row older than the window, so nothing shows that its rows are all still there")
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
 	}
+	if recovering {
+		cfg.OnSlotLoss, cfg.RecoverAllowGap = "recover", allowGap
+	}
 	if err := errors.Join(b.Err(), cfg.Validate()); err != nil {
 		return err
+	}
+	if recovering && cfg.Source == "poll" {
+		return errors.New("connector recover: OUTBOX_SOURCE=poll has no slot to recover (poll mode reads the outbox table itself)")
 	}
 	memLimit := publish.SetMemoryLimit(getenv, cfg.MaxMessageBytes)
 	base := cfg.Log.Logger(stderr)

@@ -478,12 +478,46 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 	// start that died, or failed, between recording it and recording the
 	// new slot's position) is not a slot the connector streamed.
 	creating := hasState && st.Creating() && st.SystemID == systemID
+	// A recovery that was interrupted (its intent recorded, the slot
+	// created or not, its window not yet published) goes on.
+	var window *recoveryWindow
+	if creating && st.Recovering {
+		w := windowOf(st)
+		window = &w
+	}
+	if how := slotLost(exists, info, st, hasState, creating, systemID); how != "" && r.cfg.OnSlotLoss == "recover" {
+		if exists {
+			// Only the connector's own kind of slot is replaced: one of
+			// another plugin or database is refused as always.
+			own := info
+			own.WALStatus = ""
+			if err := wal.CheckSlot(own, db); err != nil {
+				return 0, st, nil, err
+			}
+		}
+		w := windowOf(st)
+		n, err := r.checkRecoverable(ctx, conn, st, w)
+		if err != nil {
+			return 0, st, nil, err
+		}
+		if exists {
+			if err := r.dropLostSlot(ctx, conn, info); err != nil {
+				return 0, st, nil, err
+			}
+		}
+		r.log.Warn("replication slot "+how+"; recovering: a new slot, and the outbox rows that may not have been delivered published again from the table in its snapshot",
+			"slot", slot, "confirmed", wal.FormatLSN(st.Confirmed), "window_rows", n, "whole_table", w.whole,
+			"from_xid", w.from.Xmin, "from_lsn", wal.FormatLSN(w.from.LSN), "from_time", w.from.At)
+		r.metrics.SlotRecoveries.Inc()
+		exists, creating, window = false, true, &w
+	}
 	if !exists {
 		if hasState && !creating && st.SystemID == systemID && !r.cfg.AcceptSlotReset {
-			return 0, st, nil, fatal.Errorf("replication slot %q is gone, but the connector streamed it before (confirmed %s): it was dropped behind the connector's back, so events written since may never be published. "+
-				"Check the outbox table for events after that position, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to create a new slot", slot, wal.FormatLSN(st.Confirmed))
+			return 0, st, nil, fatal.Errorf("replication slot %q is gone, but the connector streamed it before (confirmed %s): it was dropped behind the connector's back (or this server is a standby promoted without it), so events written since may never be published. "+
+				"Start with OUTBOX_ON_SLOT_LOSS=recover (or run connector recover once) to create a new slot and publish again, from the outbox table, every event that may not have been delivered; "+
+				"or check the outbox table for events after that position yourself, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to create a new slot", slot, wal.FormatLSN(st.Confirmed))
 		}
-		initial := r.cfg.Snapshot == "initial"
+		initial := r.cfg.Snapshot == "initial" || window != nil
 		if initial {
 			// Record the intent before the slot exists: CREATE_REPLICATION_SLOT
 			// makes a persistent slot at once, and if anything fails before
@@ -493,6 +527,11 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			// rather than adopt it as an operator's slot and skip the rows
 			// written before it.
 			intent := checkpoint.State{Slot: slot, SystemID: systemID}
+			if window != nil && !window.whole {
+				// A recovery's intent keeps its window: the start after a
+				// failure here publishes it, not the whole table.
+				intent.Recovering, intent.Recover = true, window.from
+			}
 			if err := save(checkpoint.ResetState, intent); err != nil {
 				return 0, st, nil, err
 			}
@@ -509,11 +548,14 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			return 0, st, nil, err
 		}
 		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: consistent, SnapshotDone: !initial}
+		if window != nil && !window.whole {
+			st.Recovering, st.Recover = true, window.from
+		}
 		var snap *snapshot
 		if initial {
 			// Import the exported snapshot before anything else runs on the
 			// replication connection: the next command there ends it.
-			snap, err = r.openSnapshot(ctx, snapName)
+			snap, err = r.openSnapshot(ctx, snapName, window)
 			if err == nil {
 				err = r.faults.At(fault.SnapshotImported)
 			}
@@ -545,8 +587,8 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		// the snapshot is taken again below from the table as it is now,
 		// and streaming starts at the slot's own position. Rows committed
 		// in between are both read and streamed: duplicates, never losses.
-		r.log.Warn("found the slot this connector was creating when its last start failed; recording its position and taking the initial snapshot again", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush))
-		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush}
+		r.log.Warn("found the slot this connector was creating when its last start failed; recording its position and taking the initial snapshot again", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush), "recovering", st.Recovering)
+		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, Recovering: st.Recovering, Recover: st.Recover}
 		if err := save(checkpoint.ResetState, st); err != nil {
 			return 0, st, nil, err
 		}
@@ -580,8 +622,15 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		// A crash during the initial snapshot: its exported snapshot is
 		// gone, so re-read the table as it is now. Rows inserted since are
 		// also streamed (duplicates, never losses).
-		r.log.Warn("the initial snapshot did not complete before the last stop; taking it again from the table as it is now", "slot", slot)
-		snap, err := r.openSnapshot(ctx, "")
+		var w *recoveryWindow
+		if st.Recovering {
+			ww := windowOf(st)
+			w = &ww
+			r.log.Warn("the window of the slot's recovery was not all published before the last stop; publishing it again from the table as it is now", "slot", slot, "from_xid", ww.from.Xmin)
+		} else {
+			r.log.Warn("the initial snapshot did not complete before the last stop; taking it again from the table as it is now", "slot", slot)
+		}
+		snap, err := r.openSnapshot(ctx, "", w)
 		if err != nil {
 			return 0, st, nil, err
 		}

@@ -363,7 +363,12 @@ func (r *Relay) stream(stop *stopper, c *conns, pool *pgxpool.Pool, prod *publis
 		if streamErr == nil {
 			// Recorded only once every snapshot row is acked: a crash before
 			// this point takes the snapshot again at the next start.
-			streamErr = sw.SnapshotDone(stop.read)
+			// The snapshot's point: every row it did not show has a
+			// transaction id at least its xmin, and everything committed
+			// up to start was in it.
+			p := snapshot.point
+			p.LSN = start
+			streamErr = sw.SnapshotDone(stop.read, p)
 		}
 		snapshot.close(stop.soft)
 	}
@@ -390,11 +395,12 @@ func (r *Relay) streamSlot(stop *stopper, c *conns, pool *pgxpool.Pool, tr *trac
 	s := &wal.Stream{
 		Conn: c.rconn, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Schema: r.schema, Table: r.table,
 		Messages: c.version >= 140000, Tracker: tr, Out: events, StatusInterval: r.cfg.StatusInterval,
-		StopGrace: r.cfg.ShutdownTimeout / 2,
-		Abort:     stop.term,
-		Log:       r.log.With("component", "stream", "slot", r.cfg.Slot),
-		Faults:    r.faults,
-		Position:  sw,
+		RecoverLoss: r.cfg.OnSlotLoss == "recover",
+		StopGrace:   r.cfg.ShutdownTimeout / 2,
+		Abort:       stop.term,
+		Log:         r.log.With("component", "stream", "slot", r.cfg.Slot),
+		Faults:      r.faults,
+		Position:    sw,
 		// An insert named by a partition of the outbox stops the stream
 		// (a publication without publish_via_partition_root).
 		IsOutboxPartition: wal.OutboxPartitionOf(pool, r.schema, r.table),

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
 	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -19,9 +20,16 @@ import (
 type snapshot struct {
 	conn *pgx.Conn
 	tx   pgx.Tx
+	// window is a recovery's (nil: every row of the table).
+	window *recoveryWindow
+	// point is the recovery point the snapshot gives once published: every
+	// row it does not show has an id at least its xmin (checkpoint.Point).
+	point checkpoint.Point
 }
 
-func (r *Relay) openSnapshot(ctx context.Context, name string) (*snapshot, error) {
+// openSnapshot opens the snapshot name (the table as it is now when name is
+// empty) for publishing window (nil: the whole table).
+func (r *Relay) openSnapshot(ctx context.Context, name string, window *recoveryWindow) (*snapshot, error) {
 	conn, err := pgx.Connect(ctx, r.cfg.PGDSN)
 	if err != nil {
 		return nil, fmt.Errorf("connect for the initial snapshot: %w", err)
@@ -37,7 +45,12 @@ func (r *Relay) openSnapshot(ctx context.Context, name string) (*snapshot, error
 			return nil, fmt.Errorf("import snapshot %q: %w", name, err)
 		}
 	}
-	return &snapshot{conn: conn, tx: tx}, nil
+	p, err := checkpoint.ScanPoint(tx.QueryRow(ctx, checkpoint.QueryPoint))
+	if err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("read the snapshot's transaction horizon: %w", err)
+	}
+	return &snapshot{conn: conn, tx: tx, window: window, point: p}, nil
 }
 
 // close ends the snapshot's transaction and connection, within a few
@@ -71,10 +84,20 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 	if err != nil {
 		return fmt.Errorf("initial snapshot of %s.%s: %w", r.schema, r.table, err)
 	}
-	q := fmt.Sprintf("SELECT * FROM %s ORDER BY %s", pgx.Identifier{r.schema, r.table}.Sanitize(), order)
+	where, args := "", []any{pgx.QueryExecModeSimpleProtocol}
+	what := "initial snapshot"
+	if s.window != nil && !s.window.whole {
+		has, err := r.hasCreatedAt(ctx, s.tx)
+		if err != nil {
+			return err
+		}
+		where, args = " WHERE "+windowWhere(has), append(args, s.window.args()...)
+		what = "recovery window"
+	}
+	q := fmt.Sprintf("SELECT * FROM %s%s ORDER BY %s", pgx.Identifier{r.schema, r.table}.Sanitize(), where, order)
 	// The simple protocol returns every value in text format, as pgoutput
 	// does, so snapshot rows route exactly like streamed ones.
-	rows, err := s.tx.Query(ctx, q, pgx.QueryExecModeSimpleProtocol)
+	rows, err := s.tx.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("read the initial snapshot of %s.%s: %w", r.schema, r.table, err)
 	}
@@ -127,7 +150,7 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 			return ctx.Err()
 		}
 	}
-	r.log.Info("initial snapshot published", "rows", n, "lsn", wal.FormatLSN(at))
+	r.log.Info(what+" published", "rows", n, "lsn", wal.FormatLSN(at))
 	return nil
 }
 

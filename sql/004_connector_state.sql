@@ -6,6 +6,14 @@
 -- is the newest position the connector saw Kafka commit in it: a start that
 -- finds the offsets topic behind it (deleted, emptied) says so instead of
 -- publishing again silently.
+-- recover_xmin, recover_lsn and recover_at are the recovery point: the oldest
+-- transaction id (xid8, as a number) that was still running when the WAL
+-- was at recover_lsn, at or before a position whose events were all
+-- delivered. Every event not delivered was written by a transaction with an
+-- id at least recover_xmin, so a lost slot is recovered by publishing again
+-- the outbox rows with such ids (OUTBOX_ON_SLOT_LOSS=recover, connector
+-- recover). recovering says that the snapshot the row still owes
+-- (snapshot_done false) is that window, not the whole table.
 CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     slot_name          text        PRIMARY KEY,
     system_identifier  text        NOT NULL,
@@ -13,10 +21,18 @@ CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     snapshot_done      boolean     NOT NULL DEFAULT false,
     updated_at         timestamptz NOT NULL DEFAULT now(),
     offsets_epoch      bigint,
-    offsets_lsn        pg_lsn
+    offsets_lsn        pg_lsn,
+    recover_xmin       bigint,
+    recover_lsn        pg_lsn,
+    recover_at         timestamptz,
+    recovering         boolean     NOT NULL DEFAULT false
 );
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_epoch bigint;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_lsn pg_lsn;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_xmin bigint;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_lsn pg_lsn;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_at timestamptz;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recovering boolean NOT NULL DEFAULT false;
 
 -- The leader lease (one row per slot): the holder, a fencing token that grows
 -- on every acquisition, and an expiry computed with the database's clock.

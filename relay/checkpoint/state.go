@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -36,6 +37,62 @@ type State struct {
 	// newest position the connector saw Kafka commit in it (0: none).
 	OffsetsEpoch int64
 	OffsetsLSN   uint64
+	// Recover is the recovery point: every event written by a transaction
+	// with an id below Recover.Xmin was delivered (zero: none recorded).
+	Recover Point
+	// Recovering says that the snapshot the row owes (SnapshotDone false)
+	// is the window of a slot recovery, the rows written since Recover, not
+	// the whole table.
+	Recovering bool
+}
+
+// Point is a recovery point: Xmin is a full transaction id (xid8) such that
+// every event written by a transaction with a smaller id was delivered
+// (acked by Kafka or dead-lettered), so that when the slot is lost the
+// events that may not have been are exactly those of the outbox rows whose
+// xmin is at least Xmin. LSN and At say where the WAL and the clock were
+// when it was taken.
+//
+// A point is taken in a statement: Xmin is the statement snapshot's xmin,
+// the oldest transaction still running when it was taken, and LSN the WAL
+// insert position read after it. A transaction that committed after LSN
+// committed after the snapshot was taken, so it was running then or began
+// later: its id is at least Xmin. Once everything up to LSN is acked, the
+// transactions below Xmin, all committed before LSN, are delivered, and the
+// point may be recorded. The snapshot a slot's initial (or recovery)
+// snapshot reads the table in gives a point too, valid once that snapshot
+// is published: every row it does not show has an id at least its xmin.
+type Point struct {
+	Xmin uint64
+	LSN  uint64
+	At   time.Time
+}
+
+// IsZero reports no point.
+func (p Point) IsZero() bool { return p.Xmin == 0 }
+
+// capturePoint is appended to each state write: the statement's snapshot
+// is taken before the WAL position is read (see Point).
+const capturePoint = ` RETURNING pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_wal_insert_lsn()::text, now()`
+
+// QueryPoint takes a recovery point in its own statement (in a snapshot's
+// transaction: that snapshot's xmin).
+const QueryPoint = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_wal_insert_lsn()::text, now()`
+
+// ScanPoint reads the columns of QueryPoint or capturePoint.
+func ScanPoint(row pgx.Row) (Point, error) {
+	var p Point
+	var lsn string
+	var xmin int64
+	if err := row.Scan(&xmin, &lsn, &p.At); err != nil {
+		return p, err
+	}
+	l, err := pglogrepl.ParseLSN(lsn)
+	if err != nil {
+		return p, fmt.Errorf("parse WAL position %q: %w", lsn, err)
+	}
+	p.Xmin, p.LSN = uint64(xmin), uint64(l)
+	return p, nil
 }
 
 // Creating reports a state row that records only the intent to create the
@@ -49,7 +106,8 @@ func (st State) Creating() bool { return st.Confirmed == 0 && !st.SnapshotDone }
 var stateDDL = schema.Statements("public.outbox_connector_state")
 
 const queryState = `
-SELECT system_identifier, confirmed_lsn::text, snapshot_done, coalesce(offsets_epoch, 0), coalesce(offsets_lsn, '0/0')::text
+SELECT system_identifier, confirmed_lsn::text, snapshot_done, coalesce(offsets_epoch, 0), coalesce(offsets_lsn, '0/0')::text,
+       coalesce(recover_xmin, 0), coalesce(recover_lsn, '0/0')::text, coalesce(recover_at, 'epoch'), recovering
 FROM public.outbox_connector_state WHERE slot_name = $1`
 
 // upsertSet is the update of a state row by a write that never moves
@@ -66,6 +124,10 @@ ON CONFLICT (slot_name) DO UPDATE SET
         WHEN EXCLUDED.offsets_epoch IS NULL THEN outbox_connector_state.offsets_lsn
         WHEN EXCLUDED.offsets_epoch IS DISTINCT FROM outbox_connector_state.offsets_epoch THEN EXCLUDED.offsets_lsn
         ELSE GREATEST(outbox_connector_state.offsets_lsn, EXCLUDED.offsets_lsn) END,
+    recover_xmin = coalesce(EXCLUDED.recover_xmin, outbox_connector_state.recover_xmin),
+    recover_lsn = CASE WHEN EXCLUDED.recover_xmin IS NULL THEN outbox_connector_state.recover_lsn ELSE EXCLUDED.recover_lsn END,
+    recover_at = CASE WHEN EXCLUDED.recover_xmin IS NULL THEN outbox_connector_state.recover_at ELSE EXCLUDED.recover_at END,
+    recovering = EXCLUDED.recovering AND NOT (outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done),
     updated_at = now()`
 
 // resetSet overwrites a state row.
@@ -76,23 +138,29 @@ ON CONFLICT (slot_name) DO UPDATE SET
     snapshot_done = EXCLUDED.snapshot_done,
     offsets_epoch = EXCLUDED.offsets_epoch,
     offsets_lsn = EXCLUDED.offsets_lsn,
+    recover_xmin = EXCLUDED.recover_xmin,
+    recover_lsn = EXCLUDED.recover_lsn,
+    recover_at = EXCLUDED.recover_at,
+    recovering = EXCLUDED.recovering,
     updated_at = now()`
 
 // The confirmed position only moves forward (GREATEST), so a late or
 // repeated write can never make the check at start pass falsely.
 const upsertState = `
-INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
-VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, now())` + upsertSet
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
+    recover_xmin, recover_lsn, recover_at, recovering, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, now())` + upsertSet + capturePoint
 
 // resetState is the one write that may move backwards: the operator accepted
 // a slot reset (OUTBOX_ACCEPT_SLOT_RESET) or the slot was recreated.
 const resetState = `
-INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
-VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, now())` + resetSet
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
+    recover_xmin, recover_lsn, recover_at, recovering, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, now())` + resetSet + capturePoint
 
 // Fence makes a state write conditional on the leader lease of the state's
 // slot (public.outbox_lease): the write happens only while the lease's token
-// is Token. The check locks the lease row (FOR SHARE) within the write's own
+// is Token (the fenced statement's last parameter, $11). The check locks the lease row (FOR SHARE) within the write's own
 // statement, so a takeover, which updates the row, comes entirely before or
 // entirely after the write; and since it is one statement, no client round
 // trip (a frozen process) ever holds that lock. The zero Fence writes
@@ -105,64 +173,82 @@ type Fence struct {
 // instance took over, and the write did not happen.
 var errFenced = fmt.Errorf("%w; the state was not written", lease.ErrFenced)
 
-// fenceCTE selects one row while the lease of slot $1 has token $7 (the
+// fenceCTE selects one row while the lease of slot $1 has token $11 (the
 // fenced statement's last parameter).
 const fenceCTE = `
-WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $7::bigint FOR SHARE)`
+WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $11::bigint FOR SHARE)`
 
 const upsertStateFenced = fenceCTE + `
-INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
-SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, now() FROM fence` + upsertSet
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
+    recover_xmin, recover_lsn, recover_at, recovering, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, now() FROM fence` + upsertSet + capturePoint
 
 const resetStateFenced = fenceCTE + `
-INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn, updated_at)
-SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, now() FROM fence` + resetSet
+INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
+    recover_xmin, recover_lsn, recover_at, recovering, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, now() FROM fence` + resetSet + capturePoint
 
 // setStateExact also records the newest exactly-once position Kafka
-// committed ($3, within the row's history: offsets_lsn only grows).
-const setStateExact = `UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn,
-    offsets_lsn = CASE WHEN $3::pg_lsn IS NULL THEN offsets_lsn ELSE GREATEST(offsets_lsn, $3::pg_lsn) END, updated_at = now() WHERE slot_name = $1`
+// committed ($3, within the row's history: offsets_lsn only grows), and a
+// recovery point when one is given ($4 to $6).
+const setStateExactSet = `UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn,
+    offsets_lsn = CASE WHEN $3::pg_lsn IS NULL THEN offsets_lsn ELSE GREATEST(offsets_lsn, $3::pg_lsn) END,
+    recover_xmin = coalesce($4::bigint, recover_xmin),
+    recover_lsn = CASE WHEN $4::bigint IS NULL THEN recover_lsn ELSE $5::pg_lsn END,
+    recover_at = CASE WHEN $4::bigint IS NULL THEN recover_at ELSE $6::timestamptz END,
+    updated_at = now()`
 
-const setStateExactFenced = `
-UPDATE public.outbox_connector_state SET confirmed_lsn = $2::pg_lsn,
-    offsets_lsn = CASE WHEN $3::pg_lsn IS NULL THEN offsets_lsn ELSE GREATEST(offsets_lsn, $3::pg_lsn) END, updated_at = now()
-WHERE slot_name = $1 AND EXISTS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $4::bigint FOR SHARE)`
+const setStateExact = setStateExactSet + ` WHERE slot_name = $1` + capturePoint
+
+const setStateExactFenced = setStateExactSet + `
+WHERE slot_name = $1 AND EXISTS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $7::bigint FOR SHARE)` + capturePoint
 
 // Execer runs a statement (a *pgx.Conn, a pgx.Tx).
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // write runs a state write, fenced when f is set (the token is the fenced
-// statement's last parameter): a fenced write that changed no row found
+// statement's last parameter), and returns the recovery point the
+// statement took (see Point): a fenced write that changed no row found
 // another token in the lease.
-func write(ctx context.Context, conn Execer, f Fence, plain, fenced string, args ...any) error {
-	if f.Token == 0 {
-		_, err := conn.Exec(ctx, plain, args...)
-		return err
+func write(ctx context.Context, conn Execer, f Fence, plain, fenced string, args ...any) (Point, error) {
+	q := plain
+	if f.Token != 0 {
+		q, args = fenced, append(args, f.Token)
 	}
-	tag, err := conn.Exec(ctx, fenced, append(args, f.Token)...)
-	if err != nil {
-		return err
+	p, err := ScanPoint(conn.QueryRow(ctx, q, args...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		if f.Token != 0 {
+			return p, errFenced
+		}
+		// An exact write to a row that is not there: as Exec, no error.
+		return p, nil
 	}
-	if tag.RowsAffected() == 0 {
-		return errFenced
-	}
-	return nil
+	return p, err
 }
 
 // SetStateExact records exactly st.Confirmed, which may be below the recorded
 // promise: at a graceful stop the promise shrinks to what was confirmed.
 func SetStateExact(ctx context.Context, conn Execer, st State, f Fence) error {
+	_, err := setStateExactPoint(ctx, conn, st, f)
+	return err
+}
+
+// setStateExactPoint is SetStateExact, returning the point it took.
+func setStateExactPoint(ctx context.Context, conn Execer, st State, f Fence) (Point, error) {
 	var olsn *string
 	if st.OffsetsLSN != 0 {
 		l := wal.FormatLSN(st.OffsetsLSN)
 		olsn = &l
 	}
-	if err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, wal.FormatLSN(st.Confirmed), olsn); err != nil {
-		return fmt.Errorf("record final position %s for slot %q: %w", wal.FormatLSN(st.Confirmed), st.Slot, err)
+	xmin, rlsn, rat := st.Recover.args()
+	p, err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, wal.FormatLSN(st.Confirmed), olsn, xmin, rlsn, rat)
+	if err != nil {
+		return p, fmt.Errorf("record final position %s for slot %q: %w", wal.FormatLSN(st.Confirmed), st.Slot, err)
 	}
-	return nil
+	return p, nil
 }
 
 // EnsureStateTable creates the state table when sql/ was not applied and the
@@ -179,12 +265,12 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 		if err := conn.QueryRow(ctx, queryStateColumns).Scan(&n); err != nil {
 			return fmt.Errorf("look up the columns of outbox_connector_state: %w", err)
 		}
-		if n == 2 {
+		if n == len(stateDDL)-1 {
 			return nil
 		}
 		for _, q := range stateDDL[1:] {
 			if _, err := conn.Exec(ctx, q); err != nil {
-				return &fatal.Error{Msg: "the state table public.outbox_connector_state lacks the columns offsets_epoch and offsets_lsn, and this role cannot add them; apply sql/004_connector_state.sql again (its ALTER TABLE statements) as the table's owner", Err: err}
+				return &fatal.Error{Msg: "the state table public.outbox_connector_state lacks columns of this version (offsets_epoch, offsets_lsn, recover_xmin, recover_lsn, recover_at, recovering), and this role cannot add them; apply sql/004_connector_state.sql again (its ALTER TABLE statements) as the table's owner", Err: err}
 			}
 		}
 		return nil
@@ -199,14 +285,16 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 
 const queryStateColumns = `
 SELECT count(*) FROM pg_attribute
-WHERE attrelid = 'public.outbox_connector_state'::regclass AND attname IN ('offsets_epoch', 'offsets_lsn') AND NOT attisdropped`
+WHERE attrelid = 'public.outbox_connector_state'::regclass AND NOT attisdropped
+  AND attname IN ('offsets_epoch', 'offsets_lsn', 'recover_xmin', 'recover_lsn', 'recover_at', 'recovering')`
 
 // LoadState reads the slot's state row; ok is false when there is none.
 func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, error) {
 	st := State{Slot: slot}
-	var lsn string
-	var olsn string
-	err := conn.QueryRow(ctx, queryState, slot).Scan(&st.SystemID, &lsn, &st.SnapshotDone, &st.OffsetsEpoch, &olsn)
+	var lsn, olsn, rlsn string
+	var rxmin int64
+	err := conn.QueryRow(ctx, queryState, slot).Scan(&st.SystemID, &lsn, &st.SnapshotDone, &st.OffsetsEpoch, &olsn,
+		&rxmin, &rlsn, &st.Recover.At, &st.Recovering)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, false, nil
 	}
@@ -222,20 +310,35 @@ func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, e
 		return st, false, fmt.Errorf("parse state offsets LSN %q: %w", olsn, err)
 	}
 	st.OffsetsLSN = uint64(l)
+	if l, err = pglogrepl.ParseLSN(rlsn); err != nil {
+		return st, false, fmt.Errorf("parse state recovery LSN %q: %w", rlsn, err)
+	}
+	st.Recover.Xmin, st.Recover.LSN = uint64(rxmin), uint64(l)
+	if st.Recover.IsZero() {
+		st.Recover = Point{}
+	}
 	return st, true, nil
 }
 
 // SaveState writes st, never moving the confirmed position backwards.
 func SaveState(ctx context.Context, conn Execer, st State, f Fence) error {
-	if err := write(ctx, conn, f, upsertState, upsertStateFenced, st.args()...); err != nil {
-		return fmt.Errorf("save connector state for slot %q at %s: %w", st.Slot, wal.FormatLSN(st.Confirmed), err)
+	_, err := saveStatePoint(ctx, conn, st, f)
+	return err
+}
+
+// saveStatePoint is SaveState, returning the recovery point the write took
+// (see Point).
+func saveStatePoint(ctx context.Context, conn Execer, st State, f Fence) (Point, error) {
+	p, err := write(ctx, conn, f, upsertState, upsertStateFenced, st.args()...)
+	if err != nil {
+		return p, fmt.Errorf("save connector state for slot %q at %s: %w", st.Slot, wal.FormatLSN(st.Confirmed), err)
 	}
-	return nil
+	return p, nil
 }
 
 // ResetState overwrites the state row (accepted slot reset, new slot).
 func ResetState(ctx context.Context, conn Execer, st State, f Fence) error {
-	if err := write(ctx, conn, f, resetState, resetStateFenced, st.args()...); err != nil {
+	if _, err := write(ctx, conn, f, resetState, resetStateFenced, st.args()...); err != nil {
 		return fmt.Errorf("reset connector state for slot %q: %w", st.Slot, err)
 	}
 	return nil
@@ -251,7 +354,16 @@ func (st State) args() []any {
 	if st.OffsetsLSN != 0 {
 		olsn = wal.FormatLSN(st.OffsetsLSN)
 	}
-	return []any{st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone, epoch, olsn}
+	xmin, rlsn, rat := st.Recover.args()
+	return []any{st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone, epoch, olsn, xmin, rlsn, rat, st.Recovering}
+}
+
+// args are a point's parameters: all NULL for none.
+func (p Point) args() (xmin, lsn, at any) {
+	if p.IsZero() {
+		return nil, nil, nil
+	}
+	return int64(p.Xmin), wal.FormatLSN(p.LSN), p.At
 }
 
 // CheckSlotAgainstState fails closed when the slot moved behind the
@@ -266,7 +378,8 @@ func CheckSlotAgainstState(s wal.SlotInfo, st State, systemID string) error {
 	if s.ConfirmedFlush > st.Confirmed {
 		return fatal.Errorf("slot %q was moved behind the connector's back: its confirmed position is %s but the connector only ever confirmed %s "+
 			"(advanced with pg_replication_slot_advance, consumed by another client, or dropped and recreated). Events between the two positions may never have been published. "+
-			"Check the outbox table for events in that range, re-publish what is missing, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to continue from %s",
+			"Start with OUTBOX_ON_SLOT_LOSS=recover (or run connector recover once) to replace the slot and publish again, from the outbox table, every event that may not have been delivered; "+
+			"or check the outbox table for events in that range, re-publish what is missing, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to continue from %s",
 			s.Name, wal.FormatLSN(s.ConfirmedFlush), wal.FormatLSN(st.Confirmed), wal.FormatLSN(s.ConfirmedFlush))
 	}
 	return nil

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox/relay/fatal"
@@ -74,6 +76,26 @@ func (e *stateExecer) Exec(_ context.Context, sql string, args ...any) (pgconn.C
 		return pgconn.CommandTag{}, e.err
 	}
 	return pgconn.NewCommandTag(fmt.Sprintf("INSERT 0 %d", e.rows)), nil
+}
+
+// QueryRow answers a state write's RETURNING: the point, no row, or the
+// error.
+func (e *stateExecer) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	e.sql, e.args = sql, args
+	return stateRow{e}
+}
+
+type stateRow struct{ e *stateExecer }
+
+func (r stateRow) Scan(dest ...any) error {
+	switch {
+	case r.e.err != nil:
+		return r.e.err
+	case r.e.rows == 0 && strings.Contains(r.e.sql, "token ="):
+		return pgx.ErrNoRows
+	}
+	*dest[0].(*int64), *dest[1].(*string), *dest[2].(*time.Time) = 1234, "0/16B3800", time.Unix(1e9, 0)
+	return nil
 }
 
 // TestStateWritesFenced: with a fence every state write is the statement

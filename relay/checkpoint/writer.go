@@ -47,8 +47,17 @@ type Writer struct {
 	offsets atomic.Uint64
 	// recorded is the OffsetsLSN last written, under mu.
 	recorded uint64
-	faults   fault.Hook
+	// points are the recovery points the writes took, oldest first, not
+	// yet recordable (their LSN not acked), under mu: each write records
+	// the newest one that is (see Point).
+	points []Point
+	faults fault.Hook
 }
+
+// maxPoints bounds the points kept: a position that stays unacked for
+// many writes (a long transaction, a Kafka outage) keeps the oldest ones,
+// and a newer one is recorded once it is acked.
+const maxPoints = 64
 
 // NewWriter returns the writer of st (the row as prepared for this
 // session) on conn, for the positions tr acks, fenced by term.
@@ -78,11 +87,56 @@ func (w *Writer) Durable() uint64 { return w.durable.Load() }
 
 // SnapshotDone records that the initial snapshot is published (every row
 // acked): from now on a start streams the slot instead of taking it again.
-func (w *Writer) SnapshotDone(ctx context.Context) error {
+// p is the recovery point of the snapshot's transaction (see Point).
+func (w *Writer) SnapshotDone(ctx context.Context, p Point) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.st.SnapshotDone = true
-	return SaveState(ctx, w.conn, w.st, Fence{Token: w.term.Token})
+	st := w.st
+	st.SnapshotDone, st.Recovering = true, false
+	if !p.IsZero() {
+		st.Recover = p
+	}
+	if err := SaveState(ctx, w.conn, st, Fence{Token: w.term.Token}); err != nil {
+		return err
+	}
+	w.st = st
+	return nil
+}
+
+// recoverable picks the newest point taken whose position is acked
+// (recorded with the next write, which drops it and those before it from
+// points); the zero Point when none is newer than the row's. No point is
+// recorded while a snapshot is owed: until it is published, the row's
+// point (or, for an initial snapshot, the whole table) is what was
+// delivered.
+func (w *Writer) recoverable(acked uint64) (Point, int) {
+	if !w.st.SnapshotDone {
+		return Point{}, 0
+	}
+	for i := len(w.points) - 1; i >= 0; i-- {
+		if p := w.points[i]; p.LSN <= acked {
+			if p.Xmin <= w.st.Recover.Xmin {
+				return Point{}, i + 1
+			}
+			return p, i + 1
+		}
+	}
+	return Point{}, 0
+}
+
+// took keeps the point a write took, and the one it recorded, after a
+// write that succeeded: used are the points the write no longer needs.
+func (w *Writer) took(taken, recorded Point, used int) {
+	if !recorded.IsZero() {
+		w.st.Recover = recorded
+	}
+	w.points = w.points[used:]
+	if len(w.points) >= maxPoints {
+		w.points = w.points[1:]
+	}
+	if !taken.IsZero() && w.st.SnapshotDone {
+		w.points = append(w.points, taken)
+	}
 }
 
 // Run writes at most once per interval: each write is a commit, and the
@@ -123,11 +177,15 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 	defer w.mu.Unlock()
 	st := w.st
 	st.OffsetsLSN = max(st.OffsetsLSN, w.recorded, w.offsets.Load())
+	rec, used := w.recoverable(min(target, w.tracker.Acked()))
+	st.Recover = rec
 	if final {
 		st.Confirmed = target
-		if err := SetStateExact(ctx, w.conn, st, Fence{Token: w.term.Token}); err != nil {
+		taken, err := setStateExactPoint(ctx, w.conn, st, Fence{Token: w.term.Token})
+		if err != nil {
 			return err
 		}
+		w.took(taken, rec, used)
 		w.recorded = st.OffsetsLSN
 		w.durable.Store(target)
 		w.onAck(target)
@@ -142,9 +200,11 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 			// not taken for a history that never committed one. At most
 			// once per interval (Run).
 			st.Confirmed = w.durable.Load()
-			if err := SaveState(ctx, w.conn, st, Fence{Token: w.term.Token}); err != nil {
+			taken, err := saveStatePoint(ctx, w.conn, st, Fence{Token: w.term.Token})
+			if err != nil {
 				return err
 			}
+			w.took(taken, rec, used)
 			w.recorded = st.OffsetsLSN
 		}
 		w.onAck(target)
@@ -154,9 +214,11 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 	if err := w.faults.At(fault.BeforePromise); err != nil {
 		return err
 	}
-	if err := SaveState(ctx, w.conn, st, Fence{Token: w.term.Token}); err != nil {
+	taken, err := saveStatePoint(ctx, w.conn, st, Fence{Token: w.term.Token})
+	if err != nil {
 		return err
 	}
+	w.took(taken, rec, used)
 	if err := w.faults.At(fault.AfterPromise); err != nil {
 		return err
 	}

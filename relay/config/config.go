@@ -42,6 +42,16 @@ type Config struct {
 	// AcceptSlotReset continues, knowingly, on a slot that moved behind the
 	// connector's back (OUTBOX_ACCEPT_SLOT_RESET, default false).
 	AcceptSlotReset bool
+	// OnSlotLoss is what a start does when the slot is gone, invalidated
+	// (wal_status lost) or ahead of the state row (OUTBOX_ON_SLOT_LOSS):
+	// fail (the default), or recover: create a new slot and publish again,
+	// from the outbox table in the new slot's snapshot, every event that
+	// may not have been delivered (relay/recover.go).
+	OnSlotLoss string
+	// RecoverAllowGap lets a recovery go on although the outbox table holds
+	// no row older than the gap, so nothing shows that the gap's rows are
+	// all still there (connector recover -allow-gap only: no setting).
+	RecoverAllowGap bool
 	// HTTPAddr serves /metrics, /healthz, /readyz, /leader (OUTBOX_HTTP_ADDR,
 	// default 127.0.0.1:9189, loopback only; "off" disables the endpoint).
 	HTTPAddr string
@@ -157,6 +167,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Var(&c.Table, "table", "OUTBOX_TABLE", "outbox table, schema-qualified")
 	b.String(&c.Snapshot, "snapshot", "OUTBOX_SNAPSHOT", "initial", "initial: publish rows already in the table when the slot is created; never: do not")
 	b.Bool(&c.AcceptSlotReset, "accept-slot-reset", "OUTBOX_ACCEPT_SLOT_RESET", false, "continue on a slot that was recreated or advanced behind the connector's back (events may have been skipped)")
+	b.String(&c.OnSlotLoss, "on-slot-loss", "OUTBOX_ON_SLOT_LOSS", "fail", "when the slot is gone, invalidated or ahead of the state row: fail, or recover (a new slot, and every event that may not have been delivered published again from the outbox table)")
 	b.String(&c.HTTPAddr, "http-addr", "OUTBOX_HTTP_ADDR", "127.0.0.1:9189", "address for /metrics, /healthz, /readyz, /leader; off disables them")
 	b.String(&c.HTTPWebConfig, "http-web-config", "OUTBOX_HTTP_WEB_CONFIG", "", "web configuration file (Prometheus exporter-toolkit format) for TLS and basic auth of the HTTP endpoints")
 	b.String(&c.DLQTopic, "dlq-topic", "OUTBOX_DLQ_TOPIC", "outbox.dlq", "dead-letter topic")
@@ -246,6 +257,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		errs = append(errs, fmt.Errorf("OUTBOX_SOURCE: %q; use wal (read the replication slot) or poll (read the table)", c.Source))
+	}
+	if c.OnSlotLoss != "fail" && c.OnSlotLoss != "recover" {
+		errs = append(errs, fmt.Errorf("OUTBOX_ON_SLOT_LOSS: %q; use fail or recover", c.OnSlotLoss))
 	}
 	if c.OnOffsetsLoss != "fail" && c.OnOffsetsLoss != "at-least-once" {
 		errs = append(errs, fmt.Errorf("OUTBOX_ON_OFFSETS_LOSS: %q; use fail or at-least-once", c.OnOffsetsLoss))

@@ -21,6 +21,9 @@ type Metrics struct {
 	LeaseToken     prometheus.Gauge
 	Takeovers      prometheus.Counter
 	SnapshotEvents prometheus.Counter
+	// SlotRecoveries counts slots recovered from the outbox table
+	// (OUTBOX_ON_SLOT_LOSS=recover).
+	SlotRecoveries prometheus.Counter
 	// KafkaTxns counts Kafka transactions by result (commit, abort).
 	KafkaTxns *prometheus.CounterVec
 	// KafkaTxnCommit is how long a commit takes: flushing the transaction's
@@ -151,7 +154,11 @@ func New() *Metrics {
 		}, []string{"class"}),
 		SnapshotEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_snapshot_events_total",
-			Help: "Rows published by initial snapshots.",
+			Help: "Rows published by snapshots: initial ones, and the windows of slot recoveries.",
+		}),
+		SlotRecoveries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_slot_recoveries_total",
+			Help: "Lost slots (gone, invalidated, or ahead of the state row) replaced by a new one, with the events that may not have been delivered published again from the outbox table (OUTBOX_ON_SLOT_LOSS=recover).",
 		}),
 		PollQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_connector_poll_queries_total",
@@ -167,7 +174,7 @@ func New() *Metrics {
 		}),
 	}
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
-		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.KafkaTxns, m.KafkaTxnCommit,
+		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.SlotRecoveries, m.KafkaTxns, m.KafkaTxnCommit,
 		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss,
 		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast, m.RouteRetries, m.PollQueries, m.PollRows, m.PollBuckets)
 	return m

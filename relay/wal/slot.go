@@ -59,8 +59,9 @@ func CheckSlot(s SlotInfo, db string) error {
 	case s.Database != db:
 		return fatal.Errorf("slot %q belongs to database %q, but OUTBOX_PG_DSN connects to %q", s.Name, s.Database, db)
 	case s.WALStatus == "lost":
-		return fatal.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events were skipped. "+
-			"Recover the missing events from the outbox table if it still holds them, then drop the slot (SELECT pg_drop_replication_slot('%s')) and restart the connector to create a new one with an initial snapshot; raise max_slot_wal_keep_size and watch slotwatch's alerts to prevent it", s.Name, s.Name)
+		return fatal.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so the events in it cannot be read from the WAL. "+
+			"Start with OUTBOX_ON_SLOT_LOSS=recover (or run connector recover once): it replaces the slot and publishes again, from the outbox table, every event that may not have been delivered. "+
+			"Raise max_slot_wal_keep_size and watch slotwatch's alerts to prevent it", s.Name)
 	}
 	return nil
 }

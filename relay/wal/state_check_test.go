@@ -24,7 +24,7 @@ func TestCheckSlot(t *testing.T) {
 		{"physical", func(s *SlotInfo) { s.SlotType = "physical" }, []string{"physical slot"}},
 		{"other plugin", func(s *SlotInfo) { s.Plugin = "wal2json" }, []string{`plugin "wal2json"`, "pg_drop_replication_slot"}},
 		{"other database", func(s *SlotInfo) { s.Database = "billing" }, []string{`database "billing"`, `"app"`}},
-		{"invalidated", func(s *SlotInfo) { s.WALStatus = "lost" }, []string{"wal_status = lost", "events were skipped"}},
+		{"invalidated", func(s *SlotInfo) { s.WALStatus = "lost" }, []string{"wal_status = lost", "OUTBOX_ON_SLOT_LOSS=recover"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -64,8 +64,12 @@ type Stream struct {
 	Table       string
 	// Messages asks pgoutput for logical decoding messages (PostgreSQL 14+).
 	Messages bool
-	Tracker  *tracker.Tracker
-	Out      chan<- Event
+	// RecoverLoss makes a slot that is missing or invalidated a failure of
+	// the session, not of the connector: the next session recovers it
+	// (OUTBOX_ON_SLOT_LOSS=recover).
+	RecoverLoss bool
+	Tracker     *tracker.Tracker
+	Out         chan<- Event
 	// Position says what may be confirmed (checkpoint.Writer: acked, and
 	// already recorded durably in the state row).
 	Position       Confirmer
@@ -622,8 +626,14 @@ func (s *Stream) classifyStart(start uint64, err error) error {
 			if bytes.Contains([]byte(pgErr.Message), []byte("publication")) {
 				return s.missingPublication(start, err)
 			}
+			if s.RecoverLoss {
+				return fmt.Errorf("replication slot %q does not exist (dropped while the connector ran?); the next session recovers it: %w", s.Slot, err)
+			}
 			return &fatal.Error{Msg: fmt.Sprintf("replication slot %q does not exist (dropped while the connector ran?): events may have been skipped; see OUTBOX_ACCEPT_SLOT_RESET in the README", s.Slot), Err: err}
 		case "55000": // object_not_in_prerequisite_state: invalidated slot
+			if s.RecoverLoss {
+				return fmt.Errorf("replication slot %q cannot be streamed (invalidated?); the next session recovers it if it is lost: %w", s.Slot, err)
+			}
 			return &fatal.Error{Msg: fmt.Sprintf("replication slot %q cannot be streamed (invalidated?): events were skipped; drop it and restart to take a new snapshot", s.Slot), Err: err}
 		}
 	}
@@ -644,6 +654,9 @@ func (s *Stream) classifyStream(err error) error {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "55000":
+			if s.RecoverLoss {
+				return fmt.Errorf("stream slot %q (the next session recovers it if it is lost): %w", s.Slot, err)
+			}
 			return &fatal.Error{Msg: fmt.Sprintf("slot %q: %s", s.Slot, pgErr.Message), Err: err}
 		case "42704":
 			return s.missingPublication(s.Tracker.Acked(), err)

@@ -1,0 +1,334 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/relay/fault"
+	"github.com/pgoutbox/pgoutbox/route"
+)
+
+// recoverySteps are the steps of a recovery a fault may hit ("" none).
+var recoverySteps = []fault.Step{"", fault.SlotIntent, fault.SlotCreated, fault.SnapshotImported, fault.StateWritten, fault.SnapshotRow, fault.SnapshotDone}
+
+// slotLosses are the ways a slot is lost while the connector is stopped.
+var slotLosses = []string{"dropped", "invalidated", "advanced"}
+
+// TestRecoverLostSlot: events are written all along; the connector stops,
+// the slot is lost (dropped, invalidated by max_slot_wal_keep_size, or
+// advanced past what the connector confirmed) while events go on being
+// written. With OUTBOX_ON_SLOT_LOSS=fail the connector refuses, as before,
+// naming the way out; with recover it replaces the slot, publishes the
+// window again from the outbox table (a fault failing one step of the
+// recovery, drawn at random), and streams on. Every time: nothing lost,
+// per-aggregate order, and every duplicate is an event of the window (its
+// transaction id at least the recovery point's), which is not the whole
+// table. `make test` runs each loss once with a step drawn at random
+// (OUTBOX_TEST_SEED repeats a draw); `make soak` runs every loss with every
+// step.
+func TestRecoverLostSlot(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("OUTBOX_TEST_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	brokers := testenv.SharedKafka(t)
+	for _, loss := range slotLosses {
+		steps := []fault.Step{recoverySteps[rng.IntN(len(recoverySteps))]}
+		if os.Getenv("OUTBOX_SOAK") != "" {
+			steps = recoverySteps
+		}
+		for _, step := range steps {
+			n := 1
+			if step == fault.SnapshotRow {
+				n = 1 + rng.IntN(50)
+			}
+			name := loss + "/" + string(step) + "#" + strconv.Itoa(n)
+			if step == "" {
+				name = loss + "/no-fault"
+			}
+			t.Run(name, func(t *testing.T) { runRecoverCase(t, brokers, loss, step, n) })
+		}
+	}
+}
+
+func runRecoverCase(t *testing.T, brokers, loss string, step fault.Step, n int) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{Settings: map[string]string{"max_slot_wal_keep_size": "32MB"}})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	aggType := uniqueType("recover")
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	cfg := testConfig(t, pg.DSN("outbox"), brokers)
+	load := testenv.StartLoad(t, pg.DSN("outbox"), aggType, 20, 2*time.Millisecond)
+
+	cfg.OnSlotLoss = "recover"
+	run := startRelay(t, cfg)
+	run.waitStreaming(t)
+	waitCount(t, c, 300)
+	time.Sleep(time.Duration(200+rand.IntN(800)) * time.Millisecond)
+	if err := run.stop(t); err != nil {
+		t.Fatalf("relay stopped with %v", err)
+	}
+	before := c.Count()
+	time.Sleep(300 * time.Millisecond) // events of the gap
+	loseSlot(t, ctx, conn, loss)
+	time.Sleep(300 * time.Millisecond) // more after the loss
+
+	// Recovery off: refused, as before, with the way out.
+	off := cfg
+	off.OnSlotLoss = "fail"
+	refused := startRelay(t, off)
+	select {
+	case err := <-refused.done:
+		refused.cancel = nil
+		if err == nil || !strings.Contains(err.Error(), "OUTBOX_ON_SLOT_LOSS=recover") {
+			t.Fatalf("with recovery off the connector ended with %v; want a refusal naming OUTBOX_ON_SLOT_LOSS=recover", err)
+		}
+		t.Logf("recovery off: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("with recovery off the connector neither refused nor stopped within 60s")
+	}
+
+	var from int64
+	if err := conn.QueryRow(ctx, "SELECT coalesce(recover_xmin, 0) FROM outbox_connector_state WHERE slot_name = 'outbox_slot'").Scan(&from); err != nil || from == 0 {
+		t.Fatalf("recovery point %d, %v; want one recorded", from, err)
+	}
+	var older int64
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE pg_current_xact_id()::text::bigint - age(xmin) < $1", from).Scan(&older); err != nil {
+		t.Fatal(err)
+	}
+	if older == 0 {
+		t.Fatalf("no row is older than the recovery point %d: the window would be the whole table", from)
+	}
+
+	var hit atomic.Bool
+	var seen atomic.Int32
+	hook := func(s fault.Step) error {
+		if step != "" && s == step && seen.Add(1) == int32(n) {
+			hit.Store(true)
+			return errors.New("injected")
+		}
+		return nil
+	}
+	rec := startRelayFaults(t, cfg, route.DefaultConfig(), hook)
+	rec.waitStreaming(t)
+	time.Sleep(500 * time.Millisecond)
+	want := load.Halt()
+	c.WaitFor(t, want, 120*time.Second)
+	if err := rec.stop(t); err != nil {
+		t.Fatalf("relay stopped with %v", err)
+	}
+	if step != "" && !hit.Load() {
+		t.Errorf("the fault at %s #%d was never reached", step, n)
+	}
+	dups := c.Verify(t, want)
+	if got := metricValue(t, rec, "outbox_connector_slot_recoveries_total"); got != ":1" {
+		t.Errorf("outbox_connector_slot_recoveries_total = %q, want 1", got)
+	}
+
+	// Every duplicate is an event of the window.
+	counts := map[string]int{}
+	for _, r := range c.Records() {
+		counts[testenv.Header(r, "id")]++
+	}
+	var dupIDs []string
+	for id, k := range counts {
+		if k > 1 {
+			dupIDs = append(dupIDs, id)
+		}
+	}
+	var outside int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE id = ANY($1::uuid[]) AND pg_current_xact_id()::text::bigint - age(xmin) < $2", dupIDs, from).Scan(&outside); err != nil {
+		t.Fatal(err)
+	}
+	if outside != 0 {
+		t.Errorf("%d duplicated events were written before the recovery point: published again outside the window", outside)
+	}
+	var done, recovering bool
+	var after int64
+	if err := conn.QueryRow(ctx, "SELECT snapshot_done, recovering, coalesce(recover_xmin, 0) FROM outbox_connector_state WHERE slot_name = 'outbox_slot'").Scan(&done, &recovering, &after); err != nil {
+		t.Fatal(err)
+	}
+	if !done || recovering || after < from {
+		t.Errorf("state after the recovery: snapshot_done %v, recovering %v, recover_xmin %d (was %d)", done, recovering, after, from)
+	}
+	t.Logf("%s, fault at %q #%d: %d events, %d consumed before the stop, %d rows older than the window, %d duplicates (%d distinct, all in the window)",
+		loss, step, n, len(want), before, older, dups, len(dupIDs))
+}
+
+// loseSlot loses the stopped connector's slot: dropped, invalidated (WAL
+// pushed past max_slot_wal_keep_size, then a checkpoint), or advanced to the
+// end of the WAL.
+func loseSlot(t *testing.T, ctx context.Context, conn *pgx.Conn, how string) {
+	t.Helper()
+	switch how {
+	case "dropped":
+		if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot('outbox_slot')"); err != nil {
+			t.Fatal(err)
+		}
+	case "advanced":
+		if _, err := conn.Exec(ctx, "SELECT pg_replication_slot_advance('outbox_slot', pg_current_wal_lsn())"); err != nil {
+			t.Fatal(err)
+		}
+	case "invalidated":
+		if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS wal_filler (b text)"); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; ; i++ {
+			var status string
+			if err := conn.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'outbox_slot'").Scan(&status); err != nil {
+				t.Fatal(err)
+			}
+			if status == "lost" {
+				t.Logf("slot invalidated after %d rounds of WAL", i)
+				return
+			}
+			if i == 10 {
+				t.Fatalf("slot not invalidated after %d rounds of WAL (wal_status %q)", i, status)
+			}
+			for _, q := range []string{
+				"INSERT INTO wal_filler SELECT repeat(md5(g::text), 32) FROM generate_series(1, 20000) g",
+				"SELECT pg_switch_wal()", "CHECKPOINT",
+			} {
+				if _, err := conn.Exec(ctx, q); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	default:
+		t.Fatalf("unknown loss %q", how)
+	}
+}
+
+// TestRecoverRefused: a recovery whose window the outbox table cannot be
+// shown to hold is refused with what to do, before anything changes: rows
+// deleted in the transaction that wrote them (delete-after-insert), and a
+// retention that deleted every row older than the window. With -allow-gap
+// (RecoverAllowGap) the retention case goes on and delivers every row the
+// table still holds.
+func TestRecoverRefused(t *testing.T) {
+	brokers := testenv.SharedKafka(t)
+	for _, mode := range []string{"delete-after-insert", "retention"} {
+		t.Run(mode, func(t *testing.T) {
+			pg := testenv.StartPostgres(t, testenv.PGOptions{})
+			ctx := context.Background()
+			conn := pg.Conn(t, "outbox")
+			aggType := uniqueType("refused")
+			c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+			cfg := testConfig(t, pg.DSN("outbox"), brokers)
+			cfg.OnSlotLoss = "recover"
+			w := testenv.NewWriter()
+			write := func(n int) {
+				if mode == "retention" {
+					w.Write(t, ctx, conn, aggType, n, 5, 10)
+					return
+				}
+				// outbox.ModeDeleteAfterInsert's two statements, in one
+				// transaction (a CTE's DELETE would not see the INSERT).
+				for i := range n {
+					err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+						var id string
+						if err := tx.QueryRow(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), $1, $2, 'Tested', '{}') RETURNING id::text`,
+							aggType, "agg-"+strconv.Itoa(i%5)).Scan(&id); err != nil {
+							return err
+						}
+						_, err := tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1::uuid", id)
+						return err
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			run := startRelay(t, cfg)
+			run.waitStreaming(t)
+			write(200)
+			waitCount(t, c, 200)
+			// Long enough for a state write to record a recovery point
+			// past the first 200 (a point is recorded once the WAL
+			// position it was taken at is acked).
+			time.Sleep(time.Second)
+			if err := run.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			var older int
+			if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE pg_current_xact_id()::text::bigint - age(xmin) < (SELECT recover_xmin FROM outbox_connector_state)").Scan(&older); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[string]int{"delete-after-insert": 0, "retention": 200}[mode]; older != want {
+				t.Fatalf("%d rows older than the recovery point after the first 200 were delivered; want %d", older, want)
+			}
+			write(100)
+			if mode == "retention" {
+				// The retention deleted everything older than the window.
+				if _, err := conn.Exec(ctx, "DELETE FROM outbox WHERE created_at < (SELECT recover_at FROM outbox_connector_state)"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot('outbox_slot')"); err != nil {
+				t.Fatal(err)
+			}
+			refused := startRelay(t, cfg)
+			var err error
+			select {
+			case err = <-refused.done:
+				refused.cancel = nil
+			case <-time.After(60 * time.Second):
+				t.Fatal("the recovery was neither refused nor ended within 60s")
+			}
+			for _, want := range []string{"cannot recover slot", "delete-after-insert", "retention", "-allow-gap"} {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("recovery ended with %v; want a refusal saying %q", err, want)
+				}
+			}
+			t.Logf("refused: %v", err)
+			var slots int
+			if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots").Scan(&slots); err != nil || slots != 0 {
+				t.Fatalf("%d slots after the refusal (%v): a refused recovery must change nothing", slots, err)
+			}
+			if mode != "retention" {
+				return
+			}
+			cfg.RecoverAllowGap = true
+			rec := startRelay(t, cfg)
+			rec.waitStreaming(t)
+			var left []testenv.Event
+			kept := map[string]bool{}
+			rows, err := conn.Query(ctx, "SELECT id::text FROM outbox")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var id string
+				if err := rows.Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				kept[id] = true
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range w.Events {
+				if kept[e.ID] {
+					left = append(left, e)
+				}
+			}
+			if len(left) < 100 {
+				t.Fatalf("%d rows left in the table; want at least the 100 of the window", len(left))
+			}
+			c.WaitFor(t, left, 60*time.Second)
+			t.Logf("with -allow-gap: the %d rows left delivered", len(left))
+		})
+	}
+}
