@@ -10,12 +10,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -342,4 +344,68 @@ func tail(b []byte, n int) string {
 		b = b[len(b)-n:]
 	}
 	return string(b)
+}
+
+// NewStandby makes a physical standby of pg, streaming from it: a
+// pg_basebackup (-R: standby.signal and primary_conninfo) of the running
+// cluster into a new directory, on its own port, started. settings are
+// extra postgresql.conf lines of the standby. The caller must call Destroy.
+func (pg *Postgres) NewStandby(settings map[string]string) (*Postgres, error) {
+	dir, err := os.MkdirTemp("", "outbox-pg-standby-")
+	if err != nil {
+		return nil, err
+	}
+	sb := &Postgres{Dir: dir, BinDir: pg.BinDir, Version: pg.Version, uid: pg.uid, gid: pg.gid, asUser: pg.asUser}
+	if sb.asUser {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.Chown(dir, sb.uid, sb.gid); err != nil {
+			return nil, err
+		}
+	}
+	data := filepath.Join(dir, "data")
+	if out, err := sb.run(pg.ClientBin("pg_basebackup"), "-D", data, "-h", "127.0.0.1", "-p", strconv.Itoa(pg.Port), "-U", "postgres",
+		"-X", "stream", "-R", "-c", "fast", "-N"); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("pg_basebackup: %w: %s", err, out)
+	}
+	if sb.Port, err = FreePort(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	conf := map[string]string{"port": strconv.Itoa(sb.Port), "unix_socket_directories": "'" + dir + "'", "hot_standby": "on"}
+	for k, v := range settings {
+		conf[k] = v
+	}
+	var b strings.Builder
+	b.WriteString("\n# testenv standby\n")
+	for _, k := range slices.Sorted(maps.Keys(conf)) {
+		fmt.Fprintf(&b, "%s = %s\n", k, conf[k])
+	}
+	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	_, err = f.WriteString(b.String())
+	f.Close()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := sb.Start(); err != nil {
+		sb.Destroy()
+		return nil, err
+	}
+	return sb, nil
+}
+
+// Promote promotes a standby to a primary and waits until it is one.
+func (pg *Postgres) Promote() error {
+	out, err := pg.run(pg.BinDir+"/pg_ctl", "-D", filepath.Join(pg.Dir, "data"), "-w", "-t", "60", "promote")
+	if err != nil {
+		return fmt.Errorf("pg_ctl promote: %w: %s", err, out)
+	}
+	return nil
 }

@@ -71,3 +71,16 @@ func (pg *Postgres) Conn(t testing.TB, db string) *pgx.Conn {
 	t.Cleanup(func() { c.Close(context.Background()) })
 	return c
 }
+
+// StartStandby makes a streaming physical standby of pg (pg_basebackup),
+// removed when the test ends.
+func (pg *Postgres) StartStandby(t testing.TB, settings map[string]string) *Postgres {
+	t.Helper()
+	sb, err := pg.NewStandby(settings)
+	if err != nil {
+		Unavailable(t, "start a standby: %v", err)
+	}
+	t.Cleanup(sb.Destroy)
+	t.Logf("standby of 127.0.0.1:%d on 127.0.0.1:%d (%s)", pg.Port, sb.Port, sb.Dir)
+	return &Postgres{sb}
+}
