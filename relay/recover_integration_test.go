@@ -347,15 +347,58 @@ func TestFailoverPromotedStandby(t *testing.T) {
 	brokers := testenv.SharedKafka(t)
 	primary := testenv.StartPostgres(t, testenv.PGOptions{})
 	standby := primary.StartStandby(t, nil)
+	runFailover(t, brokers, primary, standby, false)
+}
+
+// TestFailoverSyncedSlot: the same with PostgreSQL 17, the connector's slot
+// created as a failover slot (OUTBOX_SLOT_FAILOVER=true), the standby
+// synchronizing it (sync_replication_slots, a physical slot with
+// hot_standby_feedback) and the primary holding logical decoding back to
+// what the standby received (synchronized_standby_slots). The primary is
+// killed once the standby's copy is ready: the connector continues from
+// the synchronized slot, with no recovery from the table.
+func TestFailoverSyncedSlot(t *testing.T) {
+	brokers := testenv.SharedKafka(t)
+	bin, err := testenv.PGVersionBinDir(17)
+	if err != nil {
+		testenv.Unavailable(t, "PostgreSQL 17: %v", err)
+	}
+	primary := testenv.StartPostgres(t, testenv.PGOptions{BinDir: bin, Settings: map[string]string{"synchronized_standby_slots": "'standby1'"}})
+	// The standby's physical slot exists before the standby starts: the
+	// slot sync worker gives up for a while on a missing one.
+	if _, err := primary.Conn(t, "outbox").Exec(context.Background(), "SELECT pg_create_physical_replication_slot('standby1', true)"); err != nil {
+		t.Fatal(err)
+	}
+	standby := primary.StartStandby(t, map[string]string{"primary_slot_name": "'standby1'", "sync_replication_slots": "on", "hot_standby_feedback": "on",
+		// The copy has the primary's settings: once promoted, it has no
+		// standby of its own to wait for.
+		"synchronized_standby_slots": "''"})
+	// A copy of the data directory copies the primary's slots too.
+	if _, err := standby.Conn(t, "postgres").Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'standby1'"); err != nil {
+		t.Fatal(err)
+	}
+	runFailover(t, brokers, primary, standby, true)
+}
+
+// runFailover writes events continuously through a multi-host DSN, kills
+// the primary, promotes the standby, and checks that every event the new
+// primary holds is delivered. synced: the slot is a failover slot, ready on
+// the standby before the kill, and the connector continues from it;
+// otherwise it recovers the missing slot from the table.
+func runFailover(t *testing.T, brokers string, primary, standby *testenv.Postgres, synced bool) {
 	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/outbox?sslmode=disable&target_session_attrs=read-write&connect_timeout=2", primary.Port, standby.Port)
 	aggType := uniqueType("failover")
 	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
 	cfg := testConfig(t, dsn, brokers)
 	cfg.OnSlotLoss = "recover"
+	cfg.SlotFailover = synced
 	load := testenv.StartLoad(t, dsn, aggType, 20, 2*time.Millisecond)
 	run := startRelay(t, cfg)
 	run.waitStreaming(t)
 	waitCount(t, c, 500)
+	if synced {
+		waitSynced(t, standby)
+	}
 	time.Sleep(time.Duration(rand.IntN(1000)) * time.Millisecond)
 	before := c.Count()
 	if err := primary.Stop("immediate"); err != nil {
@@ -367,8 +410,12 @@ func TestFailoverPromotedStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("primary killed with %d records consumed; standby promoted %s later", before, time.Since(killed).Round(time.Millisecond))
+	recoveries := ":1"
+	if synced {
+		recoveries = ":0"
+	}
 	deadline := time.Now().Add(90 * time.Second)
-	for metricValue(t, run, "outbox_connector_slot_recoveries_total") != ":1" || !run.relay.Streaming() {
+	for c.Count() <= before || !run.relay.Streaming() || run.relay.Token() < 2 {
 		select {
 		case err := <-run.done:
 			run.cancel = nil
@@ -376,7 +423,7 @@ func TestFailoverPromotedStandby(t *testing.T) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the connector did not recover on the promoted standby within 90s (recoveries %q)", metricValue(t, run, "outbox_connector_slot_recoveries_total"))
+			t.Fatalf("the connector did not stream from the promoted standby within 90s (recoveries %q)", metricValue(t, run, "outbox_connector_slot_recoveries_total"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -406,10 +453,32 @@ func TestFailoverPromotedStandby(t *testing.T) {
 		}
 	}
 	c.WaitFor(t, want, 120*time.Second)
+	if got := metricValue(t, run, "outbox_connector_slot_recoveries_total"); got != recoveries {
+		t.Errorf("outbox_connector_slot_recoveries_total = %q after the failover, want %q", got, recoveries)
+	}
 	if err := run.stop(t); err != nil {
 		t.Fatalf("relay stopped with %v", err)
 	}
 	dups := c.Verify(t, want)
 	t.Logf("%d events committed, %d of them replicated before the kill or written after the promotion (all delivered), %d committed on the old primary only; %d duplicates",
 		len(written), len(want), len(written)-len(want), dups)
+}
+
+// waitSynced waits until the standby holds a synchronized copy of the
+// connector's slot that a promotion keeps (synced, not temporary).
+func waitSynced(t *testing.T, standby *testenv.Postgres) {
+	t.Helper()
+	conn := standby.Conn(t, "outbox")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var ready bool
+		err := conn.QueryRow(context.Background(), "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = 'outbox_slot'").Scan(&ready)
+		if err == nil && ready {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby has no synchronized copy of the slot after 60s (ready %v, %v); its log:\n%s", ready, err, standby.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -461,11 +461,14 @@ func (r *Relay) Published() int64 { return r.published.Load() }
 // prepareSlot creates or adopts the slot and checks it against the state
 // row. It returns the position to stream from, the state, and an open
 // snapshot to publish first when one is due.
-func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, rconn *pgconn.PgConn, systemID, db string) (uint64, checkpoint.State, *snapshot, error) {
+func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, rconn *pgconn.PgConn, systemID, db string, version int) (uint64, checkpoint.State, *snapshot, error) {
 	save := func(f func(context.Context, checkpoint.Execer, checkpoint.State, checkpoint.Fence) error, st checkpoint.State) error {
 		return f(ctx, conn, st, checkpoint.Fence{Token: t.Token})
 	}
 	slot := r.cfg.Slot
+	if r.cfg.SlotFailover && version < 170000 {
+		return 0, checkpoint.State{}, nil, fatal.Errorf("OUTBOX_SLOT_FAILOVER=true needs PostgreSQL 17 or later (failover slots); this server is %d.%d: unset it, and see the README on failover before 17", version/10000, version%10000)
+	}
 	info, exists, err := wal.GetSlot(ctx, conn, slot)
 	if err != nil {
 		return 0, checkpoint.State{}, nil, err
@@ -484,6 +487,20 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 	if creating && st.Recovering {
 		w := windowOf(st)
 		window = &w
+	}
+	if exists && info.Synced && hasState && !creating && st.SystemID == systemID && info.WALStatus != "lost" && info.ConfirmedFlush > st.Confirmed {
+		// A failover slot synchronized from the former primary, on this
+		// promoted standby: its position is one this connector confirmed
+		// there, after everything before it was delivered. The standby
+		// syncs a position once it has the WAL up to it, and the state
+		// row written before that confirmation may not have replicated
+		// yet: the row lags, the slot did not move behind its back.
+		r.log.Info("continuing from the failover slot synchronized from the former primary; recording its position, which the replicated state row had not reached",
+			"slot", slot, "slot_confirmed", wal.FormatLSN(info.ConfirmedFlush), "state_confirmed", wal.FormatLSN(st.Confirmed))
+		st.Confirmed = info.ConfirmedFlush
+		if err := save(checkpoint.SaveState, st); err != nil {
+			return 0, st, nil, err
+		}
 	}
 	if how := slotLost(exists, info, st, hasState, creating, systemID); how != "" && r.cfg.OnSlotLoss == "recover" {
 		if exists {
@@ -539,11 +556,11 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 				return 0, st, nil, err
 			}
 		}
-		consistent, snapName, err := wal.CreateSlot(ctx, rconn, slot, initial)
+		consistent, snapName, err := wal.CreateSlot(ctx, rconn, slot, initial, r.cfg.SlotFailover)
 		if err != nil {
 			return 0, st, nil, err
 		}
-		r.log.Info("created replication slot", "slot", slot, "plugin", "pgoutput", "lsn", wal.FormatLSN(consistent), "snapshot", r.cfg.Snapshot)
+		r.log.Info("created replication slot", "slot", slot, "plugin", "pgoutput", "lsn", wal.FormatLSN(consistent), "snapshot", r.cfg.Snapshot, "failover", r.cfg.SlotFailover)
 		if err := r.faults.At(fault.SlotCreated); err != nil {
 			return 0, st, nil, err
 		}
@@ -580,6 +597,12 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 	}
 	if err := wal.CheckSlot(info, db); err != nil {
 		return 0, st, nil, err
+	}
+	if r.cfg.SlotFailover && !info.Failover {
+		if err := wal.SetFailover(ctx, rconn, slot); err != nil {
+			return 0, st, nil, err
+		}
+		r.log.Info("made the slot a failover slot (OUTBOX_SLOT_FAILOVER=true)", "slot", slot)
 	}
 	if creating {
 		// The connector created this slot, but died or failed before it

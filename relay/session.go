@@ -105,7 +105,7 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	}
 	l.established.Store(true)
 
-	start, st, snapshot, err := r.prepareSlot(stop.read, t, c.conn, c.rconn, sys.SystemID, db)
+	start, st, snapshot, err := r.prepareSlot(stop.read, t, c.conn, c.rconn, sys.SystemID, db, c.version)
 	if err == nil {
 		var eo *publish.Offsets
 		eo, err = r.exactlyOnce(stop.read, kcl, c, sys, db, &st, t.Token)

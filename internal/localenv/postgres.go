@@ -347,9 +347,14 @@ func tail(b []byte, n int) string {
 }
 
 // NewStandby makes a physical standby of pg, streaming from it: a
-// pg_basebackup (-R: standby.signal and primary_conninfo) of the running
-// cluster into a new directory, on its own port, started. settings are
-// extra postgresql.conf lines of the standby. The caller must call Destroy.
+// pg_basebackup (-R: standby.signal and primary_conninfo, naming the
+// database outbox as slot synchronization needs) of the running cluster
+// into a new directory, on its own port, started. zonky's builds have no
+// pg_basebackup, and Debian's refuses a newer server: for those the copy is
+// taken with the primary stopped cleanly (a file-system backup), and the
+// same two settings written. settings are extra postgresql.conf lines of
+// the standby (primary_slot_name, sync_replication_slots). The caller must
+// call Destroy.
 func (pg *Postgres) NewStandby(settings map[string]string) (*Postgres, error) {
 	dir, err := os.MkdirTemp("", "outbox-pg-standby-")
 	if err != nil {
@@ -365,10 +370,16 @@ func (pg *Postgres) NewStandby(settings map[string]string) (*Postgres, error) {
 		}
 	}
 	data := filepath.Join(dir, "data")
-	if out, err := sb.run(pg.ClientBin("pg_basebackup"), "-D", data, "-h", "127.0.0.1", "-p", strconv.Itoa(pg.Port), "-U", "postgres",
-		"-X", "stream", "-R", "-c", "fast", "-N"); err != nil {
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=outbox", pg.Port)
+	basebackup := pg.ClientBin("pg_basebackup")
+	if out, err := exec.Command(basebackup, "--version").Output(); err == nil && sameMajor(string(out), pg.Version) {
+		if out, err := sb.run(basebackup, "-D", data, "-d", conninfo, "-X", "stream", "-R", "-c", "fast", "-N"); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("pg_basebackup: %w: %s", err, out)
+		}
+	} else if err := pg.coldCopy(sb, data, conninfo); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("pg_basebackup: %w: %s", err, out)
+		return nil, err
 	}
 	if sb.Port, err = FreePort(); err != nil {
 		os.RemoveAll(dir)
@@ -399,6 +410,52 @@ func (pg *Postgres) NewStandby(settings map[string]string) (*Postgres, error) {
 		return nil, err
 	}
 	return sb, nil
+}
+
+// sameMajor says whether a client's --version output ("pg_basebackup
+// (PostgreSQL) 15.18") and a server_version ("15.18 (Debian ...)") are of
+// one major release.
+func sameMajor(clientVersion, serverVersion string) bool {
+	f := strings.Fields(clientVersion)
+	if len(f) == 0 {
+		return false
+	}
+	major := func(v string) string { return strings.SplitN(v, ".", 2)[0] }
+	return major(f[len(f)-1]) == major(serverVersion)
+}
+
+// coldCopy copies pg's data directory into data with pg stopped cleanly
+// (started again after), and makes the copy a standby of pg.
+func (pg *Postgres) coldCopy(sb *Postgres, data, conninfo string) error {
+	if err := pg.Stop("fast"); err != nil {
+		return err
+	}
+	out, err := sb.run("cp", "-a", filepath.Join(pg.Dir, "data"), data)
+	if err2 := pg.Start(); err == nil && err2 != nil {
+		return err2
+	}
+	if err != nil {
+		return fmt.Errorf("copy the data directory: %w: %s", err, out)
+	}
+	files := map[string]string{
+		"standby.signal": "",
+		"postgresql.auto.conf": fmt.Sprintf("primary_conninfo = '%s'\n", conninfo),
+	}
+	for name, content := range files {
+		f, err := os.OpenFile(filepath.Join(data, name), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(content)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if sb.asUser {
+			_ = os.Chown(filepath.Join(data, name), sb.uid, sb.gid)
+		}
+	}
+	return nil
 }
 
 // Promote promotes a standby to a primary and waits until it is one.

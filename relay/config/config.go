@@ -52,6 +52,11 @@ type Config struct {
 	// no row older than the gap, so nothing shows that the gap's rows are
 	// all still there (connector recover -allow-gap only: no setting).
 	RecoverAllowGap bool
+	// SlotFailover creates the slot as a failover slot, and makes an
+	// existing one one, so that standbys running sync_replication_slots
+	// keep a copy a promotion can continue from (OUTBOX_SLOT_FAILOVER,
+	// default false, as Debezium's slot.failover; PostgreSQL 17+).
+	SlotFailover bool
 	// HTTPAddr serves /metrics, /healthz, /readyz, /leader (OUTBOX_HTTP_ADDR,
 	// default 127.0.0.1:9189, loopback only; "off" disables the endpoint).
 	HTTPAddr string
@@ -167,6 +172,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Var(&c.Table, "table", "OUTBOX_TABLE", "outbox table, schema-qualified")
 	b.String(&c.Snapshot, "snapshot", "OUTBOX_SNAPSHOT", "initial", "initial: publish rows already in the table when the slot is created; never: do not")
 	b.Bool(&c.AcceptSlotReset, "accept-slot-reset", "OUTBOX_ACCEPT_SLOT_RESET", false, "continue on a slot that was recreated or advanced behind the connector's back (events may have been skipped)")
+	b.Bool(&c.SlotFailover, "slot-failover", "OUTBOX_SLOT_FAILOVER", false, "create the slot as a failover slot (PostgreSQL 17+), synchronized to standbys with sync_replication_slots, so that a promoted standby has it")
 	b.String(&c.OnSlotLoss, "on-slot-loss", "OUTBOX_ON_SLOT_LOSS", "fail", "when the slot is gone, invalidated or ahead of the state row: fail, or recover (a new slot, and every event that may not have been delivered published again from the outbox table)")
 	b.String(&c.HTTPAddr, "http-addr", "OUTBOX_HTTP_ADDR", "127.0.0.1:9189", "address for /metrics, /healthz, /readyz, /leader; off disables them")
 	b.String(&c.HTTPWebConfig, "http-web-config", "OUTBOX_HTTP_WEB_CONFIG", "", "web configuration file (Prometheus exporter-toolkit format) for TLS and basic auth of the HTTP endpoints")

@@ -68,6 +68,11 @@ func TestMissingPublicationTranslated(t *testing.T) {
 		for name, m := range map[string]*pgproto3.NoticeResponse{
 			"another warning": {Severity: "WARNUNG", SeverityUnlocalized: "WARNING", Code: "01000", Message: `etwas anderes`},
 			"a notice":        {Severity: "HINWEIS", SeverityUnlocalized: "NOTICE", Code: "00000", Message: `outbox_pub`},
+			// PostgreSQL 17's walsender waiting for a standby: 55000 too.
+			"standby inactive": {Severity: "WARNUNG", SeverityUnlocalized: "WARNING", Code: "55000",
+				Message: `Replikations-Slot »standby1«, der im Parameter »synchronized_standby_slots« angegeben ist, hat keine active_pid`},
+			"standby missing": {Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "22023",
+				Message: `replication slot "standby1" specified in parameter "synchronized_standby_slots" does not exist`},
 		} {
 			t.Run(name, func(t *testing.T) {
 				g := newGuardStream(t, 500, nil, nil)

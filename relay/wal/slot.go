@@ -24,19 +24,26 @@ type SlotInfo struct {
 	WALStatus      string
 	Active         bool
 	ActivePID      int32
+	// Failover: the slot is synchronized to standbys that run
+	// sync_replication_slots (PostgreSQL 17+). Synced: it was synchronized
+	// from a primary; on a promoted standby, the former primary's slot.
+	Failover, Synced bool
 }
 
+// querySlot reads the slot; failover and synced (PostgreSQL 17+) through
+// to_jsonb, so that before 17 they are absent (false) instead of an error.
 const querySlot = `
 SELECT coalesce(plugin, ''), slot_type, coalesce(database, ''),
        coalesce(confirmed_flush_lsn, '0/0'::pg_lsn)::text, coalesce(restart_lsn, '0/0'::pg_lsn)::text,
-       coalesce(wal_status, ''), active, coalesce(active_pid, 0)
-FROM pg_replication_slots WHERE slot_name = $1`
+       coalesce(wal_status, ''), active, coalesce(active_pid, 0),
+       coalesce((to_jsonb(s) ->> 'failover')::boolean, false), coalesce((to_jsonb(s) ->> 'synced')::boolean, false)
+FROM pg_replication_slots s WHERE slot_name = $1`
 
 // GetSlot reads the slot; ok is false when it does not exist.
 func GetSlot(ctx context.Context, conn *pgx.Conn, name string) (SlotInfo, bool, error) {
 	s := SlotInfo{Name: name}
 	var confirmed, restart string
-	err := conn.QueryRow(ctx, querySlot, name).Scan(&s.Plugin, &s.SlotType, &s.Database, &confirmed, &restart, &s.WALStatus, &s.Active, &s.ActivePID)
+	err := conn.QueryRow(ctx, querySlot, name).Scan(&s.Plugin, &s.SlotType, &s.Database, &confirmed, &restart, &s.WALStatus, &s.Active, &s.ActivePID, &s.Failover, &s.Synced)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, false, nil
 	}
@@ -222,17 +229,30 @@ func missingPublication(slot, pub string, confirmed uint64, create string) error
 }
 
 // CreateSlot creates the logical slot with pgoutput on the replication
-// connection, exporting a snapshot when export is true. The snapshot stays
-// valid only until the next command on rconn.
-func CreateSlot(ctx context.Context, rconn *pgconn.PgConn, slot string, export bool) (consistent uint64, snapshot string, err error) {
+// connection, exporting a snapshot when export is true, as a failover slot
+// when failover is true (PostgreSQL 17+). The snapshot stays valid only
+// until the next command on rconn.
+func CreateSlot(ctx context.Context, rconn *pgconn.PgConn, slot string, export, failover bool) (consistent uint64, snapshot string, err error) {
 	action := "NOEXPORT_SNAPSHOT"
 	if export {
 		action = "EXPORT_SNAPSHOT"
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
-		Mode:           pglogrepl.LogicalReplication,
-		SnapshotAction: action,
-	})
+	var res pglogrepl.CreateReplicationSlotResult
+	if failover {
+		// pglogrepl's command has no options list: FAILOVER needs the
+		// parenthesised syntax (PostgreSQL 15+), which 17 accepts it in.
+		snap := "nothing"
+		if export {
+			snap = "export"
+		}
+		res, err = pglogrepl.ParseCreateReplicationSlot(rconn.Exec(ctx,
+			fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s', FAILOVER true)", pgx.Identifier{slot}.Sanitize(), snap)))
+	} else {
+		res, err = pglogrepl.CreateReplicationSlot(ctx, rconn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+			Mode:           pglogrepl.LogicalReplication,
+			SnapshotAction: action,
+		})
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
@@ -245,6 +265,15 @@ func CreateSlot(ctx context.Context, rconn *pgconn.PgConn, slot string, export b
 		return 0, "", fmt.Errorf("parse consistent point %q: %w", res.ConsistentPoint, err)
 	}
 	return uint64(lsn), res.SnapshotName, nil
+}
+
+// SetFailover makes an existing slot a failover slot (PostgreSQL 17+;
+// ALTER_REPLICATION_SLOT needs the slot free).
+func SetFailover(ctx context.Context, rconn *pgconn.PgConn, slot string) error {
+	if _, err := rconn.Exec(ctx, fmt.Sprintf("ALTER_REPLICATION_SLOT %s (FAILOVER true)", pgx.Identifier{slot}.Sanitize())).ReadAll(); err != nil {
+		return fmt.Errorf("make slot %q a failover slot (ALTER_REPLICATION_SLOT): %w", slot, err)
+	}
+	return nil
 }
 
 // FormatLSN writes an LSN as PostgreSQL does.

@@ -119,6 +119,9 @@ type Stream struct {
 
 	rels          map[uint32]*relation
 	cols          []TupleColumn
+	// standbyWarned is when the walsender's last warning that logical
+	// decoding waits for a standby (synchronized_standby_slots) was logged.
+	standbyWarned time.Time
 	txn           *tracker.Txn
 	begin         Begin
 	walEnd        uint64 // newest server WAL end seen (keepalives and data)
@@ -677,8 +680,22 @@ func (s *Stream) classifyStream(err error) error {
 // with that code or 42704 (undefined_object, should a later release change
 // it), or naming the publication, stops the stream: fail closed, since a
 // stop is loud and a skip is silent.
+//
+// PostgreSQL 17's walsender also warns with 55000 (or 22023) while a slot
+// named in synchronized_standby_slots is missing, inactive or invalidated:
+// decoding waits for that standby. The parameter's name is an argument of
+// the message, never translated: such a warning is logged (once a minute)
+// and the stream goes on (it is the stall detector's, if it lasts).
 func (s *Stream) notice(m *pgproto3.NoticeResponse) error {
 	if m.SeverityUnlocalized != "WARNING" {
+		return nil
+	}
+	if strings.Contains(m.Message, "synchronized_standby_slots") && !strings.Contains(m.Message, s.Publication) {
+		if s.Log != nil && time.Since(s.standbyWarned) > time.Minute {
+			s.standbyWarned = time.Now()
+			s.Log.Warn("PostgreSQL holds logical decoding back until a standby named in synchronized_standby_slots has the WAL: events wait until it does",
+				"server", m.Message, "detail", m.Detail, "hint", m.Hint)
+		}
 		return nil
 	}
 	if m.Code != "55000" && m.Code != "42704" && !strings.Contains(m.Message, s.Publication) {
