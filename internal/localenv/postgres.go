@@ -438,7 +438,7 @@ func (pg *Postgres) coldCopy(sb *Postgres, data, conninfo string) error {
 		return fmt.Errorf("copy the data directory: %w: %s", err, out)
 	}
 	files := map[string]string{
-		"standby.signal": "",
+		"standby.signal":       "",
 		"postgresql.auto.conf": fmt.Sprintf("primary_conninfo = '%s'\n", conninfo),
 	}
 	for name, content := range files {

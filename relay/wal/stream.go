@@ -117,8 +117,8 @@ type Stream struct {
 	// so that their schemas are Debezium's. Nil: never asked.
 	ColumnInfo func(ctx context.Context, relID uint32) (map[string]*route.ColumnInfo, error)
 
-	rels          map[uint32]*relation
-	cols          []TupleColumn
+	rels map[uint32]*relation
+	cols []TupleColumn
 	// standbyWarned is when the walsender's last warning that logical
 	// decoding waits for a standby (synchronized_standby_slots) was logged.
 	standbyWarned time.Time
