@@ -22,6 +22,7 @@ const (
 	SlotCatalogXminAgeHigh    = "SlotCatalogXminAgeHigh"
 	RiskyConfiguration        = "RiskyConfiguration"
 	DatabaseUnreachable       = "DatabaseUnreachable"
+	SlotNotFailoverReady      = "SlotNotFailoverReady"
 )
 
 // Severities (the severity label).
@@ -38,6 +39,7 @@ type Thresholds struct {
 	InactiveWarnTime     time.Duration
 	InvalidationCritTime time.Duration
 	XminAgeWarn          int64
+	FailoverLagBytes     int64
 }
 
 // Rule is one alert slotwatch evaluates on every report.
@@ -86,6 +88,8 @@ func Rules() []Rule {
 			Condition: "max_slot_wal_keep_size = -1: a stuck slot may fill the primary's disk", eval: evalRisky},
 		{Name: DatabaseUnreachable, Severity: Critical, For: time.Minute,
 			Condition: "slotwatch_up == 0: slotwatch cannot query the server", eval: evalUnreachable},
+		{Name: SlotNotFailoverReady, Severity: Warning, For: 2 * time.Minute,
+			Condition: "slotwatch_slot_failover_ready == 0, or slotwatch_slot_failover_lag_bytes > SLOTWATCH_FAILOVER_LAG_BYTES: a promotion of that standby now would lose the failover slot, or publish again that much", eval: evalFailover},
 	}
 }
 
@@ -293,6 +297,48 @@ func evalUnreachable(r *watch.Report, _ Thresholds) []finding {
 		description: fmt.Sprintf("slotwatch cannot query %s since %s: %s. Slot lag and WAL retention are unknown while it lasts; "+
 			"check that the server is up and reachable and that slotwatch's role may connect.", r.Server, r.DownSince.UTC().Format(time.RFC3339), r.Err),
 	}}
+}
+
+// evalFailover: a failover slot of a primary that a standby slotwatch
+// watches would lose at a promotion now, or keeps too far behind.
+func evalFailover(r *watch.Report, th Thresholds) []finding {
+	var out []finding
+	for _, f := range r.Failover {
+		var s *watch.SlotReport
+		for i := range r.Slots {
+			if r.Slots[i].Name == f.Slot {
+				s = &r.Slots[i]
+			}
+		}
+		if s == nil || f.Ready && (!f.LagOK || f.LagBytes <= th.FailoverLagBytes) {
+			continue
+		}
+		fd := finding{slot: s, labels: map[string]string{"standby": f.Standby, "reason": f.Reason}, value: float64(f.LagBytes)}
+		if f.Ready {
+			fd.labels["reason"] = "behind"
+			fd.summary = fmt.Sprintf("Standby %s's copy of failover slot %s is %s behind", f.Standby, f.Slot, Bytes(f.LagBytes))
+			fd.description = fmt.Sprintf("%s is synchronized to standby %s, but its copy there is %s behind the primary's (SLOTWATCH_FAILOVER_LAG_BYTES %s): "+
+				"a promotion now continues from the copy and publishes that much WAL's events again (duplicates, which consumers deduplicate by id). "+
+				"Check the standby's replay lag and its slot sync worker (sync_replication_slots, hot_standby_feedback, primary_slot_name).",
+				slotWhere(r, s), f.Standby, Bytes(f.LagBytes), Bytes(th.FailoverLagBytes))
+			out = append(out, fd)
+			continue
+		}
+		fd.value = 0
+		why := map[string]string{
+			watch.FailoverMissing: "has no copy of it: set sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name (a physical slot), and dbname in primary_conninfo on the standby; " +
+				"the slot must be a failover slot (OUTBOX_SLOT_FAILOVER=true)",
+			watch.FailoverTemporary: "has a copy still being synchronized (temporary): the standby has not yet caught up with the slot's position, and a promotion drops such a copy",
+			watch.FailoverNotSynced: "has a slot of that name of its own, not synchronized from this primary: a promotion keeps that slot, not this one; drop it on the standby",
+			watch.FailoverInvalidated: "has an invalidated copy of it: the standby removed WAL or catalog rows it needed (check hot_standby_feedback and that the standby streams through " +
+				"its physical slot, which synchronized_standby_slots on the primary should name)",
+		}[f.Reason]
+		fd.summary = fmt.Sprintf("A promotion of %s now would lose failover slot %s (%s)", f.Standby, f.Slot, f.Reason)
+		fd.description = fmt.Sprintf("%s is a failover slot, but standby %s %s. The connector then recovers the slot from the outbox table "+
+			"(OUTBOX_ON_SLOT_LOSS=recover) or stops (fail).", slotWhere(r, s), f.Standby, why)
+		out = append(out, fd)
+	}
+	return out
 }
 
 func orNull(s string) string {

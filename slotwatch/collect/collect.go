@@ -24,7 +24,11 @@ type Snapshot struct {
 	Duration   time.Duration `json:"-"`
 	VersionNum int           `json:"server_version_num"`
 	Version    string        `json:"server_version"`
-	InRecovery bool          `json:"in_recovery"`
+	// SystemID is the cluster's system identifier (pg_control_system()),
+	// which a physical standby shares with its primary; empty when the
+	// role may not read it.
+	SystemID   string `json:"system_identifier,omitempty"`
+	InRecovery bool   `json:"in_recovery"`
 	// WALPosition is pg_current_wal_lsn() on a primary and the last received
 	// (or replayed) position on a standby.
 	WALPosition LSN                  `json:"wal_position"`
@@ -46,8 +50,12 @@ type Collector struct {
 	conn         *pgx.Conn
 	versionNum   int
 	version      string
+	systemID     string
 	walDirDenied bool
 }
+
+// systemIDQuery reads the cluster's system identifier, once per connection.
+const systemIDQuery = `SELECT system_identifier::text FROM pg_control_system()`
 
 // New parses dsn; nothing connects until Collect.
 func New(dsn string, log *slog.Logger) (*Collector, error) {
@@ -108,12 +116,22 @@ func (c *Collector) connect(ctx context.Context) error {
 	if num >= NewestVersion+10000 {
 		c.log.Warn("server is newer than the versions slotwatch knows; reading it as the newest known", "server_version", ver, "newest_known", Major(NewestVersion))
 	}
-	c.conn, c.versionNum, c.version = conn, num, ver
+	var sysID string
+	if err := conn.QueryRow(ctx, systemIDQuery).Scan(&sysID); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			_ = conn.Close(ctx)
+			return fmt.Errorf("read the system identifier: %w", err)
+		}
+		// Allowed to fail: only failover readiness needs it.
+		c.log.Info("system identifier not readable: failover readiness cannot pair this server with its standbys; grant EXECUTE ON FUNCTION pg_control_system() to slotwatch's role", "err", pgErr.Message)
+	}
+	c.conn, c.versionNum, c.version, c.systemID = conn, num, ver, sysID
 	return nil
 }
 
 func (c *Collector) read(ctx context.Context, start time.Time) (*Snapshot, error) {
-	s := &Snapshot{VersionNum: c.versionNum, Version: c.version}
+	s := &Snapshot{VersionNum: c.versionNum, Version: c.version, SystemID: c.systemID}
 	q := queries(c.versionNum)
 
 	s.Time = time.Now()

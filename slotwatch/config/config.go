@@ -36,6 +36,10 @@ const (
 	// (200 million): a catalog_xmin that old blocks freezing of the catalogs
 	// long before wraparound, and leaves time to act.
 	DefaultXminAgeWarn = 50_000_000
+	// DefaultFailoverLagBytes: a standby's copy of a failover slot further
+	// behind than this makes a promotion publish that much WAL's events
+	// again; PostgreSQL's slot sync naps up to 30 s between rounds.
+	DefaultFailoverLagBytes = 256 << 20 // 256 MiB
 	DefaultAlertRepeat = 4 * time.Hour
 	// DefaultAlertmanagerResend matches Prometheus' resend delay: Alertmanager
 	// resolves an alert on its own when it is not re-sent before its endsAt.
@@ -83,6 +87,10 @@ type Config struct {
 	// XminAgeWarn fires SlotCatalogXminAgeHigh (SLOTWATCH_XMIN_AGE_WARN,
 	// default 50000000 transactions).
 	XminAgeWarn int64
+	// FailoverLagBytes fires SlotNotFailoverReady when a standby's copy of
+	// a failover slot is further behind (SLOTWATCH_FAILOVER_LAG_BYTES,
+	// default 256 MiB).
+	FailoverLagBytes int64
 
 	// AlertFor, when set, replaces every alert's own for-duration
 	// (SLOTWATCH_ALERT_FOR, default unset: each alert's own).
@@ -127,6 +135,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Duration(&c.InactiveWarnTime, "inactive-warn-time", "SLOTWATCH_INACTIVE_WARN_TIME", DefaultInactiveWarnTime, "inactivity that fires SlotInactive (warning)")
 	b.Duration(&c.InvalidationCritTime, "invalidation-crit-time", "SLOTWATCH_INVALIDATION_CRIT_TIME", DefaultInvalidationTime, "time to invalidation below which SlotTimeToInvalidationLow fires (critical)")
 	b.Int64(&c.XminAgeWarn, "xmin-age-warn", "SLOTWATCH_XMIN_AGE_WARN", DefaultXminAgeWarn, "catalog_xmin age (transactions) that fires SlotCatalogXminAgeHigh (warning)")
+	b.Int64(&c.FailoverLagBytes, "failover-lag-bytes", "SLOTWATCH_FAILOVER_LAG_BYTES", DefaultFailoverLagBytes, "how far (bytes) a standby's copy of a failover slot may be behind the primary's before SlotNotFailoverReady fires (warning)")
 	b.String(&c.AlertFor, "alert-for", "SLOTWATCH_ALERT_FOR", "", "when set, how long every condition must hold before its alert fires (overrides each alert's own)")
 	b.Duration(&c.AlertRepeat, "alert-repeat", "SLOTWATCH_ALERT_REPEAT", DefaultAlertRepeat, "how often a still-firing alert is sent again to the webhook")
 	b.Secret(&c.WebhookURL, "alert-webhook-url", "SLOTWATCH_ALERT_WEBHOOK_URL", "URL that receives Alertmanager-webhook-format JSON")
@@ -210,6 +219,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("SLOTWATCH_LAG_CRIT_BYTES: must be a positive number of bytes, got %d", c.LagCritBytes))
 	} else if c.LagCritBytes < c.LagWarnBytes {
 		errs = append(errs, fmt.Errorf("SLOTWATCH_LAG_CRIT_BYTES (%d) is below SLOTWATCH_LAG_WARN_BYTES (%d); the critical threshold must be the larger", c.LagCritBytes, c.LagWarnBytes))
+	}
+	if c.FailoverLagBytes <= 0 {
+		errs = append(errs, fmt.Errorf("SLOTWATCH_FAILOVER_LAG_BYTES: must be a positive number of bytes, got %d", c.FailoverLagBytes))
 	}
 	if c.XminAgeWarn <= 0 {
 		errs = append(errs, fmt.Errorf("SLOTWATCH_XMIN_AGE_WARN: must be a positive number of transactions, got %d", c.XminAgeWarn))

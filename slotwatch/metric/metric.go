@@ -43,30 +43,32 @@ var (
 	segSizeDesc        = desc("slotwatch_setting_wal_segment_size_bytes", "wal_segment_size in bytes.", serverLabels)
 	idleTimeoutDesc    = desc("slotwatch_setting_idle_replication_slot_timeout_seconds", "idle_replication_slot_timeout in seconds (PostgreSQL 18+); 0 disables it.", serverLabels)
 
-	lagBytesDesc     = desc("slotwatch_slot_lag_bytes", "WAL the slot's consumer has not confirmed: the current WAL position minus confirmed_flush_lsn (logical) or restart_lsn (physical), in bytes.", slotLabels)
-	retainedDesc     = desc("slotwatch_slot_retained_wal_bytes", "WAL the slot keeps from removal: the current WAL position minus restart_lsn, in bytes; absent once restart_lsn is NULL (lost).", slotLabels)
-	lagSecondsDesc   = desc("slotwatch_slot_lag_seconds", "How long ago the oldest WAL the slot has not confirmed was written, estimated from a sampled LSN-to-time history; a lower bound when older than SLOTWATCH_HISTORY or slotwatch's uptime.", slotLabels)
-	activeDesc       = desc("slotwatch_slot_active", "1 when a consumer is streaming from the slot, else 0.", slotLabels)
-	inactiveDesc     = desc("slotwatch_slot_inactive_seconds", "Seconds since the slot became inactive, 0 while active: from inactive_since on PostgreSQL 17+, tracked by slotwatch before (since it first saw the slot inactive).", slotLabels)
-	walStatusDesc    = desc("slotwatch_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; no series when wal_status is NULL.", slotLabels, "status")
-	safeWALDesc      = desc("slotwatch_slot_safe_wal_size_bytes", "safe_wal_size: bytes of WAL that can still be written before the slot is in danger of being lost; negative once unreserved; absent when max_slot_wal_keep_size = -1 or the slot is lost.", slotLabels)
-	ttiDesc          = desc("slotwatch_slot_time_to_invalidation_seconds", "Estimated seconds until the slot is invalidated: safe_wal_size over slotwatch_wal_bytes_per_second; +Inf when no WAL is written, 0 once unreserved or invalidated; absent when max_slot_wal_keep_size = -1.", slotLabels)
-	catalogXminDesc  = desc("slotwatch_slot_catalog_xmin_age", "Age in transactions of the slot's catalog_xmin (age(catalog_xmin)): how far it holds back VACUUM of the system catalogs.", slotLabels)
-	xminDesc         = desc("slotwatch_slot_xmin_age", "Age in transactions of the slot's xmin (physical slots with hot_standby_feedback): how far it holds back VACUUM.", slotLabels)
-	invalidatedDesc  = desc("slotwatch_slot_invalidated", "1 when the slot is invalidated (wal_status lost, invalidation_reason set, or conflicting), with the reason; else 0 with reason \"\".", slotLabels, "reason")
-	conflictingDesc  = desc("slotwatch_slot_conflicting", "pg_replication_slots.conflicting (PostgreSQL 16+): 1 when a logical slot was invalidated by a conflict with recovery.", slotLabels)
-	infoDesc         = desc("slotwatch_slot_info", "Always 1; labels carry the slot's temporary, two_phase, failover and synced flags (empty where the version lacks them).", slotLabels, "temporary", "two_phase", "failover", "synced")
-	sentLagDesc      = desc("slotwatch_slot_sent_lag_bytes", "The current WAL position minus what the WAL sender streaming the slot has sent (pg_stat_replication.sent_lsn); absent without a sender.", slotLabels)
-	replyAgeDesc     = desc("slotwatch_slot_reply_age_seconds", "Seconds since the slot's consumer last replied to its WAL sender (pg_stat_replication.reply_time); absent without a sender.", slotLabels)
-	spillTxnsDesc    = desc("slotwatch_slot_spill_txns_total", "Transactions spilled to disk by logical decoding (pg_stat_replication_slots.spill_txns, 14+).", slotLabels)
-	spillCountDesc   = desc("slotwatch_slot_spill_count_total", "Times transactions were spilled to disk (pg_stat_replication_slots.spill_count, 14+).", slotLabels)
-	spillBytesDesc   = desc("slotwatch_slot_spill_bytes_total", "Bytes spilled to disk by logical decoding (pg_stat_replication_slots.spill_bytes, 14+).", slotLabels)
-	streamTxnsDesc   = desc("slotwatch_slot_stream_txns_total", "In-progress transactions streamed to the consumer (pg_stat_replication_slots.stream_txns, 14+).", slotLabels)
-	streamCountDesc  = desc("slotwatch_slot_stream_count_total", "Times in-progress transactions were streamed (pg_stat_replication_slots.stream_count, 14+).", slotLabels)
-	streamBytesDesc  = desc("slotwatch_slot_stream_bytes_total", "Bytes streamed for in-progress transactions (pg_stat_replication_slots.stream_bytes, 14+).", slotLabels)
-	decodedTxnsDesc  = desc("slotwatch_slot_decoded_txns_total", "Transactions decoded and sent to the output plugin (pg_stat_replication_slots.total_txns, 14+).", slotLabels)
-	decodedBytesDesc = desc("slotwatch_slot_decoded_bytes_total", "Bytes of transactions decoded (pg_stat_replication_slots.total_bytes, 14+).", slotLabels)
-	alertsDesc       = desc("slotwatch_alerts", "Alerts slotwatch evaluates itself, 1 per pending or firing instance (like Prometheus' ALERTS).", []string{"alertname", "alertstate", "severity", "server", "slot", "database"})
+	lagBytesDesc      = desc("slotwatch_slot_lag_bytes", "WAL the slot's consumer has not confirmed: the current WAL position minus confirmed_flush_lsn (logical) or restart_lsn (physical), in bytes.", slotLabels)
+	retainedDesc      = desc("slotwatch_slot_retained_wal_bytes", "WAL the slot keeps from removal: the current WAL position minus restart_lsn, in bytes; absent once restart_lsn is NULL (lost).", slotLabels)
+	lagSecondsDesc    = desc("slotwatch_slot_lag_seconds", "How long ago the oldest WAL the slot has not confirmed was written, estimated from a sampled LSN-to-time history; a lower bound when older than SLOTWATCH_HISTORY or slotwatch's uptime.", slotLabels)
+	activeDesc        = desc("slotwatch_slot_active", "1 when a consumer is streaming from the slot, else 0.", slotLabels)
+	inactiveDesc      = desc("slotwatch_slot_inactive_seconds", "Seconds since the slot became inactive, 0 while active: from inactive_since on PostgreSQL 17+, tracked by slotwatch before (since it first saw the slot inactive).", slotLabels)
+	walStatusDesc     = desc("slotwatch_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; no series when wal_status is NULL.", slotLabels, "status")
+	safeWALDesc       = desc("slotwatch_slot_safe_wal_size_bytes", "safe_wal_size: bytes of WAL that can still be written before the slot is in danger of being lost; negative once unreserved; absent when max_slot_wal_keep_size = -1 or the slot is lost.", slotLabels)
+	ttiDesc           = desc("slotwatch_slot_time_to_invalidation_seconds", "Estimated seconds until the slot is invalidated: safe_wal_size over slotwatch_wal_bytes_per_second; +Inf when no WAL is written, 0 once unreserved or invalidated; absent when max_slot_wal_keep_size = -1.", slotLabels)
+	catalogXminDesc   = desc("slotwatch_slot_catalog_xmin_age", "Age in transactions of the slot's catalog_xmin (age(catalog_xmin)): how far it holds back VACUUM of the system catalogs.", slotLabels)
+	xminDesc          = desc("slotwatch_slot_xmin_age", "Age in transactions of the slot's xmin (physical slots with hot_standby_feedback): how far it holds back VACUUM.", slotLabels)
+	invalidatedDesc   = desc("slotwatch_slot_invalidated", "1 when the slot is invalidated (wal_status lost, invalidation_reason set, or conflicting), with the reason; else 0 with reason \"\".", slotLabels, "reason")
+	conflictingDesc   = desc("slotwatch_slot_conflicting", "pg_replication_slots.conflicting (PostgreSQL 16+): 1 when a logical slot was invalidated by a conflict with recovery.", slotLabels)
+	infoDesc          = desc("slotwatch_slot_info", "Always 1; labels carry the slot's temporary, two_phase, failover and synced flags (empty where the version lacks them).", slotLabels, "temporary", "two_phase", "failover", "synced")
+	sentLagDesc       = desc("slotwatch_slot_sent_lag_bytes", "The current WAL position minus what the WAL sender streaming the slot has sent (pg_stat_replication.sent_lsn); absent without a sender.", slotLabels)
+	replyAgeDesc      = desc("slotwatch_slot_reply_age_seconds", "Seconds since the slot's consumer last replied to its WAL sender (pg_stat_replication.reply_time); absent without a sender.", slotLabels)
+	spillTxnsDesc     = desc("slotwatch_slot_spill_txns_total", "Transactions spilled to disk by logical decoding (pg_stat_replication_slots.spill_txns, 14+).", slotLabels)
+	spillCountDesc    = desc("slotwatch_slot_spill_count_total", "Times transactions were spilled to disk (pg_stat_replication_slots.spill_count, 14+).", slotLabels)
+	spillBytesDesc    = desc("slotwatch_slot_spill_bytes_total", "Bytes spilled to disk by logical decoding (pg_stat_replication_slots.spill_bytes, 14+).", slotLabels)
+	streamTxnsDesc    = desc("slotwatch_slot_stream_txns_total", "In-progress transactions streamed to the consumer (pg_stat_replication_slots.stream_txns, 14+).", slotLabels)
+	streamCountDesc   = desc("slotwatch_slot_stream_count_total", "Times in-progress transactions were streamed (pg_stat_replication_slots.stream_count, 14+).", slotLabels)
+	streamBytesDesc   = desc("slotwatch_slot_stream_bytes_total", "Bytes streamed for in-progress transactions (pg_stat_replication_slots.stream_bytes, 14+).", slotLabels)
+	decodedTxnsDesc   = desc("slotwatch_slot_decoded_txns_total", "Transactions decoded and sent to the output plugin (pg_stat_replication_slots.total_txns, 14+).", slotLabels)
+	decodedBytesDesc  = desc("slotwatch_slot_decoded_bytes_total", "Bytes of transactions decoded (pg_stat_replication_slots.total_bytes, 14+).", slotLabels)
+	failoverReadyDesc = desc("slotwatch_slot_failover_ready", "For a failover slot of a primary and each standby of it slotwatch watches (same system identifier): 1 when the standby holds a synchronized, persistent, valid copy, so that a promotion now keeps the slot; 0 with the reason (missing, temporary, not-synced, invalidated) otherwise (PostgreSQL 17+).", slotLabels, "standby", "reason")
+	failoverLagDesc   = desc("slotwatch_slot_failover_lag_bytes", "How far the standby's copy of a failover slot is behind the primary's slot: the difference of their confirmed_flush_lsn, in bytes (never negative).", slotLabels, "standby")
+	alertsDesc        = desc("slotwatch_alerts", "Alerts slotwatch evaluates itself, 1 per pending or firing instance (like Prometheus' ALERTS).", []string{"alertname", "alertstate", "severity", "server", "slot", "database"})
 )
 
 var all = []*prometheus.Desc{
@@ -75,7 +77,7 @@ var all = []*prometheus.Desc{
 	lagBytesDesc, retainedDesc, lagSecondsDesc, activeDesc, inactiveDesc, walStatusDesc, safeWALDesc, ttiDesc,
 	catalogXminDesc, xminDesc, invalidatedDesc, conflictingDesc, infoDesc, sentLagDesc, replyAgeDesc,
 	spillTxnsDesc, spillCountDesc, spillBytesDesc, streamTxnsDesc, streamCountDesc, streamBytesDesc,
-	decodedTxnsDesc, decodedBytesDesc, alertsDesc,
+	decodedTxnsDesc, decodedBytesDesc, failoverReadyDesc, failoverLagDesc, alertsDesc,
 }
 
 // Names lists the names of the metrics this package exports (besides
@@ -176,6 +178,19 @@ func collectReport(ch chan<- prometheus.Metric, r *watch.Report) {
 	settings(ch, r.Settings, sl)
 	for i := range r.Slots {
 		slot(ch, r, &r.Slots[i])
+	}
+	for _, f := range r.Failover {
+		for i := range r.Slots {
+			s := &r.Slots[i]
+			if s.Name != f.Slot {
+				continue
+			}
+			l := []string{r.Server, s.Name, s.Database, s.Plugin, s.Type, f.Standby}
+			gauge(ch, failoverReadyDesc, b2f(f.Ready), append(l, f.Reason)...)
+			if f.LagOK {
+				gauge(ch, failoverLagDesc, float64(f.LagBytes), l...)
+			}
+		}
 	}
 }
 

@@ -154,7 +154,7 @@ func merge(m map[string]string, k, v string) map[string]string {
 // TestNamesAndHelp checks every metric has help text and a name that says
 // its unit (or is a count, flag or state).
 func TestNamesAndHelp(t *testing.T) {
-	unit := regexp.MustCompile(`_(bytes|seconds|total|bytes_per_second|age|num|files|length)$|^slotwatch_(up|alerts|slot_active|slot_wal_status|slot_invalidated|slot_conflicting|slot_info|server_in_recovery)$`)
+	unit := regexp.MustCompile(`_(bytes|seconds|total|bytes_per_second|age|num|files|length)$|^slotwatch_(up|alerts|slot_active|slot_wal_status|slot_invalidated|slot_conflicting|slot_info|server_in_recovery|slot_failover_ready)$`)
 	for _, d := range all {
 		name := descName(d)
 		if !strings.HasPrefix(name, "slotwatch_") || !unit.MatchString(name) {

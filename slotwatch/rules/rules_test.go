@@ -79,6 +79,7 @@ func TestRulesMatchSlotwatch(t *testing.T) {
 		alert.SlotInactive:              fmt.Sprint(config.DefaultInactiveWarnTime.Seconds()),
 		alert.SlotTimeToInvalidationLow: fmt.Sprint(config.DefaultInvalidationTime.Seconds()),
 		alert.SlotCatalogXminAgeHigh:    fmt.Sprint(config.DefaultXminAgeWarn),
+		alert.SlotNotFailoverReady:      fmt.Sprint(config.DefaultFailoverLagBytes),
 	}
 	exported := metric.Names()
 	metricRE := regexp.MustCompile(`slotwatch_[a-z0-9_]+`)

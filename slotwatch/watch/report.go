@@ -38,6 +38,11 @@ type Report struct {
 	WALRateOK bool    `json:"-"`
 
 	Slots []SlotReport `json:"slots"`
+	// SystemID is the cluster's system identifier (empty when unreadable).
+	SystemID string `json:"system_identifier,omitempty"`
+	// Failover is, on a primary, the readiness of each failover slot on
+	// each standby of it that slotwatch watches (failover.go).
+	Failover []FailoverReport `json:"failover,omitempty"`
 }
 
 // SlotReport is one slot with the figures slotwatch derives for it.

@@ -164,6 +164,8 @@ func (w *Watcher) collectOnce(ctx context.Context, i int) {
 		rep = s.up(snap, w.opts)
 	}
 	w.mu.Lock()
+	// A primary's failover readiness reads its standbys' latest reports.
+	rep.Failover = failoverReadiness(&rep, w.latest)
 	w.latest[i] = rep
 	w.mu.Unlock()
 	if w.opts.OnReport != nil {
@@ -211,6 +213,7 @@ func (s *server) up(snap *collect.Snapshot, opts Options) Report {
 		VersionNum:     snap.VersionNum,
 		Version:        snap.Version,
 		InRecovery:     snap.InRecovery,
+		SystemID:       snap.SystemID,
 		WALPosition:    snap.WALPosition,
 		Settings:       snap.Settings,
 		WALDir:         snap.WALDir,

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+)
+
+// TestFailoverReadiness (PostgreSQL 17): a primary with a failover slot and
+// a physical standby of it, both watched. While the standby does not
+// synchronize slots, the copy is missing: slotwatch_slot_failover_ready is 0
+// (reason missing) and SlotNotFailoverReady fires; once the standby
+// synchronizes it, ready is 1 and the alert resolves. The standby stops
+// synchronizing and the primary's slot moves on past
+// SLOTWATCH_FAILOVER_LAG_BYTES: the alert fires again (reason behind), and
+// resolves when synchronization catches the copy up.
+func TestFailoverReadiness(t *testing.T) {
+	bin, err := testenv.PGVersionBinDir(17)
+	if err != nil {
+		testenv.Unavailable(t, "PostgreSQL 17: %v", err)
+	}
+	primary := testenv.StartPostgres(t, testenv.PGOptions{BinDir: bin, NoSchema: true})
+	execAll(t, primary, "outbox", "SELECT pg_create_physical_replication_slot('standby1', true)")
+	standby := primary.StartStandby(t, map[string]string{"primary_slot_name": "'standby1'", "hot_standby_feedback": "on", "sync_replication_slots": "off"})
+	execAll(t, standby, "postgres", "SELECT pg_drop_replication_slot('standby1')")
+	execAll(t, primary, "outbox", "SELECT pg_create_logical_replication_slot('outbox_slot', 'pgoutput', false, false, true)")
+
+	h := newHook(t)
+	sw := startSlotwatch(t, map[string]string{
+		"SLOTWATCH_PG_DSN":             fmt.Sprintf("primary=%s standby=%s", primary.DSN("outbox"), standby.DSN("outbox")),
+		"SLOTWATCH_INTERVAL":           "200ms",
+		"SLOTWATCH_ALERT_FOR":          "600ms",
+		"SLOTWATCH_FAILOVER_LAG_BYTES": "4194304", // 4 MiB
+		"SLOTWATCH_ALERT_WEBHOOK_URL":  h.srv.URL + "/hook",
+	})
+	ready := func(reason string) map[string]string {
+		return map[string]string{"server": "primary", "slot": "outbox_slot", "standby": "standby", "reason": reason}
+	}
+	syncSlots := func(on string) {
+		execAll(t, standby, "postgres", "ALTER SYSTEM SET sync_replication_slots = "+on, "SELECT pg_reload_conf()")
+	}
+
+	// Missing.
+	eventually(t, 10*time.Second, func() (bool, string) {
+		v, ok := sw.metric(t, "slotwatch_slot_failover_ready", ready("missing"))
+		return ok && v == 0, "no slotwatch_slot_failover_ready 0 (missing) yet"
+	})
+	fired := h.waitFor(t, "SlotNotFailoverReady", "outbox_slot", "firing", 10*time.Second)
+	checkWebhookFormat(t, fired, "warning")
+	if l := fired.Alerts[0].Labels; l["standby"] != "standby" || l["reason"] != "missing" || l["server"] != "primary" {
+		t.Errorf("labels %v", l)
+	}
+
+	// Synchronized: ready, resolved.
+	syncSlots("on")
+	eventually(t, 90*time.Second, func() (bool, string) {
+		v, ok := sw.metric(t, "slotwatch_slot_failover_ready", ready(""))
+		return ok && v == 1, "not ready yet"
+	})
+	h.waitFor(t, "SlotNotFailoverReady", "outbox_slot", "resolved", 10*time.Second)
+
+	// Behind: the standby stops synchronizing, the primary's slot moves on.
+	syncSlots("off")
+	time.Sleep(time.Second)
+	writeWAL(t, primary, 8)
+	execAll(t, primary, "outbox", "SELECT pg_replication_slot_advance('outbox_slot', pg_current_wal_lsn())")
+	eventually(t, 30*time.Second, func() (bool, string) {
+		v, ok := sw.metric(t, "slotwatch_slot_failover_lag_bytes", map[string]string{"server": "primary", "slot": "outbox_slot", "standby": "standby"})
+		return ok && v > 4<<20, fmt.Sprintf("lag %.0f (present %v)", v, ok)
+	})
+	eventually(t, 10*time.Second, func() (bool, string) {
+		return h.countReason("SlotNotFailoverReady", "behind", "firing") == 1, "no firing SlotNotFailoverReady (behind): " + h.summary()
+	})
+
+	// Caught up: resolved.
+	syncSlots("on")
+	eventually(t, 90*time.Second, func() (bool, string) {
+		return h.countReason("SlotNotFailoverReady", "behind", "resolved") == 1, "no resolved SlotNotFailoverReady (behind): " + h.summary()
+	})
+	lag, _ := sw.metric(t, "slotwatch_slot_failover_lag_bytes", map[string]string{"server": "primary", "slot": "outbox_slot", "standby": "standby"})
+	t.Logf("notifications %s; lag after catching up %.0f bytes", h.summary(), lag)
+	var synced bool
+	if err := standby.Conn(t, "outbox").QueryRow(context.Background(), "SELECT synced FROM pg_replication_slots WHERE slot_name = 'outbox_slot'").Scan(&synced); err != nil || !synced {
+		t.Errorf("the standby's copy: synced %v, %v", synced, err)
+	}
+}
+
+// countReason counts notifications about alertname whose first alert has
+// the reason label, with the given status.
+func (h *hook) countReason(alertname, reason, status string) int {
+	n := 0
+	for _, m := range h.messages() {
+		if len(m.Alerts) > 0 && m.Alerts[0].Labels["alertname"] == alertname && m.Alerts[0].Labels["reason"] == reason && m.Status == status {
+			n++
+		}
+	}
+	return n
+}
