@@ -40,7 +40,7 @@ const (
 	// behind than this makes a promotion publish that much WAL's events
 	// again; PostgreSQL's slot sync naps up to 30 s between rounds.
 	DefaultFailoverLagBytes = 256 << 20 // 256 MiB
-	DefaultAlertRepeat = 4 * time.Hour
+	DefaultAlertRepeat      = 4 * time.Hour
 	// DefaultAlertmanagerResend matches Prometheus' resend delay: Alertmanager
 	// resolves an alert on its own when it is not re-sent before its endsAt.
 	DefaultAlertmanagerResend = time.Minute
