@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/connector/backfill"
 	"github.com/pgoutbox/pgoutbox/connector/redrive"
 	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
@@ -58,6 +59,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if recovering {
 		args = args[1:]
 	}
+	backfilling := len(args) > 0 && args[0] == "backfill"
+	var bf backfillFlags
+	if backfilling {
+		args = args[1:]
+	}
 	fs := flag.NewFlagSet("connector", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config.Config
@@ -66,6 +72,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if redriveFrom != "" {
 		fs.StringVar(&redriveFrom, "from", "table", "redrive: where the dead letters are: table (outbox_dead_letter) or topic (OUTBOX_DLQ_TOPIC)")
 		fs.StringVar(&group, "group", group, "redrive -from topic: consumer group whose offsets remember what was redriven")
+	}
+	if backfilling {
+		bf.bind(fs)
 	}
 	allowGap := false
 	if recovering {
@@ -91,6 +100,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	log := base.With("component", "connector")
 	if redriveFrom != "" {
 		return redriveCmd(ctx, cfg, redriveFrom, group, log, stdout)
+	}
+	if backfilling {
+		return backfillCmd(ctx, cfg, bf, log, stdout)
 	}
 	if err := preflight(ctx, cfg, log); err != nil {
 		return err
@@ -219,4 +231,82 @@ func memoryLimitText(set int64) string {
 		return "GOMEMLIMIT"
 	}
 	return fmt.Sprintf("%dMiB", set>>20)
+}
+
+// backfillFlags are connector backfill's own flags.
+type backfillFlags struct {
+	from, to, aggType, where, name, timeColumn string
+	batch                                      int
+}
+
+func (f *backfillFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&f.from, "from", "", "backfill: the first time of the range (RFC 3339, e.g. 2026-12-04T10:00:00Z), included; required")
+	fs.StringVar(&f.to, "to", "", "backfill: the end of the range (RFC 3339), excluded; default now")
+	fs.StringVar(&f.aggType, "aggregate-type", "", "backfill: only rows of this aggregate type (the router's route-by column)")
+	fs.StringVar(&f.where, "where", "", "backfill: an SQL condition on the outbox table's columns, ANDed (the operator's own SQL, run as the connector's role)")
+	fs.StringVar(&f.name, "name", "", "backfill: the run's name in public.outbox_backfill (default: from the selection, so the same command resumes)")
+	fs.StringVar(&f.timeColumn, "time-column", "created_at", "backfill: the column the range applies to")
+	fs.IntVar(&f.batch, "batch", 1000, "backfill: rows read, published and recorded at a time")
+}
+
+// backfillCmd publishes again the outbox rows the flags choose.
+func backfillCmd(ctx context.Context, cfg config.Config, f backfillFlags, log *slog.Logger, stdout io.Writer) error {
+	if cfg.Source == "poll" {
+		return errors.New("connector backfill: with OUTBOX_SOURCE=poll, mark the rows unpublished instead (UPDATE ... SET published_at = NULL): poll mode publishes them again")
+	}
+	if f.from == "" {
+		return errors.New("connector backfill: -from is required (RFC 3339, e.g. -from 2026-12-04T10:00:00Z)")
+	}
+	from, err := time.Parse(time.RFC3339Nano, f.from)
+	if err != nil {
+		return fmt.Errorf("connector backfill -from %q: want RFC 3339, e.g. 2026-12-04T10:00:00Z: %w", f.from, err)
+	}
+	to := time.Now()
+	if f.to != "" {
+		if to, err = time.Parse(time.RFC3339Nano, f.to); err != nil {
+			return fmt.Errorf("connector backfill -to %q: want RFC 3339, e.g. 2026-12-04T11:00:00Z: %w", f.to, err)
+		}
+	}
+	if !to.After(from) {
+		return fmt.Errorf("connector backfill: -to %s is not after -from %s", to.Format(time.RFC3339), from.Format(time.RFC3339))
+	}
+	if f.batch < 1 || f.batch > 100000 {
+		return fmt.Errorf("connector backfill -batch %d: want 1 to 100000", f.batch)
+	}
+	router, err := route.NewContext(ctx, cfg.Route)
+	if err != nil {
+		return fmt.Errorf("router settings: %w", err)
+	}
+	opts := append(cfg.Kafka.Opts(log), publish.ClientOpts(cfg.MaxInFlight, cfg.MaxMessageBytes, cfg.Compression, cfg.Linger)...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("Kafka client settings (OUTBOX_KAFKA_*): %w", err)
+	}
+	defer cl.Close()
+	pool, err := pgxpool.New(ctx, cfg.PGDSN)
+	if err != nil {
+		return fmt.Errorf("OUTBOX_PG_DSN: %w", config.Redact(err, cfg.PGDSN))
+	}
+	defer pool.Close()
+	rc := router.Config()
+	sel := backfill.Selection{
+		Schema: cfg.Table.Schema, Table: cfg.Table.Name, TimeColumn: f.timeColumn, IDColumn: rc.FieldEventID,
+		From: from, To: to, TypeColumn: rc.RouteByField, AggregateType: f.aggType, Where: f.where,
+	}
+	if f.aggType != "" && rc.RouteByField == "" {
+		return errors.New("connector backfill -aggregate-type: the router routes by no column (route.by.field is empty)")
+	}
+	b := &backfill.Backfiller{
+		Pool: pool, Router: router, Client: cl, MaxMessageBytes: cfg.MaxMessageBytes, Batch: f.batch,
+		Progress: stdout, Log: log.With("component", "backfill"),
+		TopicCreate: cfg.TopicCreate, TopicPartitions: int32(cfg.TopicPartitions), TopicReplication: int16(cfg.TopicReplicationFactor), TopicConfigs: cfg.TopicConfigs,
+	}
+	res, err := b.Run(ctx, f.name, sel)
+	if err != nil {
+		return fmt.Errorf("backfill %s: %w", res.Name, err)
+	}
+	if res.Failed > 0 {
+		return fmt.Errorf("backfill %s: %d rows could not be published (see the log for each id and why)", res.Name, res.Failed)
+	}
+	return nil
 }

@@ -106,20 +106,7 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 	txn := tr.Begin(at)
 	n := 0
 	for rows.Next() {
-		raw := rows.RawValues()
-		row := &route.Row{Columns: make([]route.Column, len(fields)), Source: route.Source{CommitLSN: at, Table: r.schema + "." + r.table}}
-		for i, f := range fields {
-			c := &row.Columns[i]
-			// RowDescription carries the column's atttypmod, as pgoutput's
-			// Relation message does.
-			c.Name, c.Type, c.TypeMod, c.HasTypeMod = f.Name, f.DataTypeOID, f.TypeModifier, true
-			c.Info = infos[f.Name]
-			if raw[i] == nil {
-				c.Null = true
-			} else {
-				c.Value = append([]byte(nil), raw[i]...)
-			}
-		}
+		row := wal.TextRow(fields, rows.RawValues(), infos, route.Source{CommitLSN: at, Table: r.schema + "." + r.table})
 		txn.Add()
 		select {
 		case out <- wal.Event{Txn: txn, Row: row}:

@@ -55,3 +55,21 @@ CREATE TABLE IF NOT EXISTS public.outbox_lease (
     holder_pid  integer
 );
 ALTER TABLE public.outbox_lease ADD COLUMN IF NOT EXISTS holder_pid integer;
+
+-- Backfills (connector backfill): one row per named run, its selection and
+-- the end of its range (fixed by the first run when none was given), the
+-- rows it had to publish and has published, and the key (time column, event
+-- id) of the last row Kafka acknowledged, so that a run interrupted (killed)
+-- resumes after it.
+CREATE TABLE IF NOT EXISTS public.outbox_backfill (
+    name        text        PRIMARY KEY,
+    selection   text        NOT NULL,
+    range_to    timestamptz NOT NULL,
+    total       bigint      NOT NULL,
+    done        bigint      NOT NULL DEFAULT 0,
+    last_time   timestamptz,
+    last_id     text,
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);

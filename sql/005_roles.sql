@@ -34,3 +34,4 @@ GRANT SELECT ON public.outbox TO outbox_connector;                       -- init
 GRANT SELECT, INSERT, DELETE ON public.outbox_dead_letter TO outbox_connector; -- dead letters, redrive
 ALTER TABLE public.outbox_connector_state OWNER TO outbox_connector;
 ALTER TABLE public.outbox_lease OWNER TO outbox_connector;
+ALTER TABLE public.outbox_backfill OWNER TO outbox_connector;

@@ -21,6 +21,9 @@ func TestStatements(t *testing.T) {
 			t.Errorf("state table lacks %s: %s", col, state[0])
 		}
 	}
+	if bf := Statements("public.outbox_backfill"); len(bf) != 1 || !strings.Contains(bf[0], "last_time") {
+		t.Fatalf("backfill table: %q", bf)
+	}
 	lease := Statements("public.outbox_lease")
 	if len(lease) != 2 || !strings.HasPrefix(lease[0], "CREATE TABLE IF NOT EXISTS public.outbox_lease (") ||
 		lease[1] != "ALTER TABLE public.outbox_lease ADD COLUMN IF NOT EXISTS holder_pid integer" {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
@@ -68,4 +70,24 @@ func (s *Stream) columnInfo(ctx context.Context, rel *relation) error {
 	}
 	rel.infoRead = true
 	return nil
+}
+
+// TextRow builds a row from a query's result read in text format (the
+// simple protocol), as pgoutput sends values, so that it routes exactly
+// like a streamed one: fields is the result's description (which carries
+// each column's atttypmod, as pgoutput's Relation message does), raw a
+// row's values (copied), infos ColumnInfoOf's answer for the table.
+func TextRow(fields []pgconn.FieldDescription, raw [][]byte, infos map[string]*route.ColumnInfo, src route.Source) *route.Row {
+	row := &route.Row{Columns: make([]route.Column, len(fields)), Source: src}
+	for i, f := range fields {
+		c := &row.Columns[i]
+		c.Name, c.Type, c.TypeMod, c.HasTypeMod = f.Name, f.DataTypeOID, f.TypeModifier, true
+		c.Info = infos[f.Name]
+		if raw[i] == nil {
+			c.Null = true
+		} else {
+			c.Value = append([]byte(nil), raw[i]...)
+		}
+	}
+	return row
 }
