@@ -37,16 +37,16 @@ import (
 // OUTBOX_STATUS_INTERVAL) plus the longest write transaction running then.
 //
 // A row's xmin is 32 bits wide; it is widened against the snapshot's next
-// transaction id (an unfrozen row is within 2^31 of it: PostgreSQL freezes
-// rows long before). A row VACUUM froze shows xmin 2 (FrozenTransactionId)
-// and no longer says which transaction wrote it: such a row is in the window
-// when its created_at is at most frozenMargin before the point was taken
-// (every row, when the table has no created_at). Freezing needs the row to
-// be older than every running transaction, so a frozen row of the window
-// is one whose transaction ended at least that long ago, and began before
-// the point only if it ran for that long: a write transaction of over an
-// hour is what the margin does not cover.
-const frozenMargin = time.Hour
+// transaction id, exact for every row written in the last 2^31
+// transactions. Freezing keeps the raw xmin (PostgreSQL 9.4+), so an older
+// row can alias into the window, and a row rewritten by another
+// transaction (a partition move of outbox/partition, pg_repack, an UPDATE)
+// carries that transaction's id. Where the table has created_at, the
+// window is therefore also bounded by time: rows created more than
+// OUTBOX_RECOVER_MARGIN (6h) before the point was taken are not in it. A
+// transaction writing outbox rows that stays open longer than the margin
+// across a lost slot is the case that bound gives up; raise the margin
+// where such transactions exist.
 
 // recoveryWindow is what a recovery, or the snapshot it owes, publishes
 // again: the rows written since from, or the whole table (whole: the
@@ -65,23 +65,21 @@ func windowOf(st checkpoint.State) recoveryWindow {
 }
 
 // windowWhere is the condition on an outbox row of being in a window from a
-// point ($1: its xmin, $2: the created_at of the earliest frozen row it
-// takes), as SQL. The reference for widening xmin is the snapshot's next
-// transaction id: in the snapshot's transaction, pg_current_snapshot() is
-// that snapshot.
+// point ($1: its xmin, $2: the earliest created_at it takes), as SQL. The
+// reference for widening xmin is the snapshot's next transaction id: in the
+// snapshot's transaction, pg_current_snapshot() is that snapshot.
 func windowWhere(hasCreatedAt bool) string {
 	const ref = `(SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint)`
-	frozen := "true"
+	cond := fmt.Sprintf(`%s - (((%s %% 4294967296) - xmin::text::bigint + 4294967296) %% 4294967296) >= $1::bigint`, ref, ref)
 	if hasCreatedAt {
-		frozen = "created_at >= $2::timestamptz"
+		cond += " AND created_at >= $2::timestamptz"
 	}
-	return fmt.Sprintf(`(CASE WHEN xmin::text::bigint < 3 THEN %s
-      ELSE %s - (((%s %% 4294967296) - xmin::text::bigint + 4294967296) %% 4294967296) >= $1::bigint END)`, frozen, ref, ref)
+	return "(" + cond + ")"
 }
 
-// windowArgs are windowWhere's parameters.
-func (w recoveryWindow) args() []any {
-	return []any{int64(w.from.Xmin), w.from.At.Add(-frozenMargin)}
+// args are windowWhere's parameters.
+func (w recoveryWindow) args(margin time.Duration) []any {
+	return []any{int64(w.from.Xmin), w.from.At.Add(-margin)}
 }
 
 // queryHasCreatedAt: whether the outbox has created_at (the frozen rows'
@@ -139,21 +137,33 @@ func (r *Relay) checkRecoverable(ctx context.Context, conn *pgx.Conn, st checkpo
 	var inWindow int64
 	var older bool
 	q := fmt.Sprintf(`SELECT (SELECT count(*) FROM %[1]s WHERE %[2]s), EXISTS (SELECT 1 FROM %[1]s WHERE NOT %[2]s)`, tbl, where)
-	if err := conn.QueryRow(ctx, q, w.args()...).Scan(&inWindow, &older); err != nil {
+	if err := conn.QueryRow(ctx, q, w.args(r.cfg.RecoverMargin)...).Scan(&inWindow, &older); err != nil {
 		return 0, fmt.Errorf("look for the recovery window's rows in %s: %w", tbl, err)
 	}
-	if older || r.cfg.RecoverAllowGap {
+	var why string
+	switch {
+	case st.MessagesSeen:
+		why = "the slot carried events written as logical decoding messages (outbox mode message), which the table never holds"
+	case !older:
+		why = fmt.Sprintf("%s holds %d rows of the window but none older, so nothing shows that the window's rows are all still there: "+
+			"events deleted in the transaction that wrote them (outbox mode delete-after-insert) are never in the table, and a retention that deleted rows older than the window may have deleted rows of it", tbl, inWindow)
+	default:
+		return inWindow, nil
+	}
+	if r.allowGap.Swap(false) {
+		r.log.Warn("recovering although the outbox table may not hold every event of the window (connector recover -allow-gap): events missing from it are skipped",
+			"slot", r.cfg.Slot, "why", why, "window_rows", inWindow)
 		return inWindow, nil
 	}
 	since := "the connector recorded no recovery point (a state row of an older version, or a slot adopted as it was and never advanced since), so the window is the whole table"
 	if !w.from.IsZero() {
 		since = fmt.Sprintf("the window is every event written since %s (WAL %s, transaction %d)", w.from.At.UTC().Format(time.RFC3339), wal.FormatLSN(w.from.LSN), w.from.Xmin)
 	}
-	return inWindow, fatal.Errorf("cannot recover slot %q from the outbox table: %s, and %s holds %d rows of it but none older, so nothing shows that the window's rows are all still there. "+
-		"That is what happens when events are deleted in the transaction that wrote them (outbox mode delete-after-insert) or written as logical messages (mode message): the table never holds them, and no recovery from it is possible; "+
-		"or when the retention deleted rows of the window (rows older than it are gone too). Find the missing events elsewhere (the services' own tables), publish them, then start once with OUTBOX_ACCEPT_SLOT_RESET=true. "+
-		"If you know no row of the window was deleted (the outbox was quiet before it, or emptied on purpose), run connector recover -allow-gap",
-		r.cfg.Slot, since, tbl, inWindow)
+	return inWindow, fatal.Errorf("cannot recover slot %q from the outbox table: %s, and %s. "+
+		"No recovery from the table is complete then (outbox modes delete-after-insert and message: the events exist only in the WAL; or a retention shorter than the gap). "+
+		"Find the missing events elsewhere (the services' own tables), publish them, then start once with OUTBOX_ON_SLOT_LOSS=fail and OUTBOX_ACCEPT_SLOT_RESET=true (a new slot, from now on). "+
+		"If you know the table holds every event of the window (the outbox was quiet before it, or emptied on purpose), run connector recover -allow-gap once",
+		r.cfg.Slot, since, why)
 }
 
 // dropLostSlot drops the slot a recovery replaces (invalidated, or ahead

@@ -214,15 +214,18 @@ func loseSlot(t *testing.T, ctx context.Context, conn *pgx.Conn, how string) {
 
 // TestRecoverRefused: a recovery whose window the outbox table cannot be
 // shown to hold is refused with what to do, before anything changes: rows
-// deleted in the transaction that wrote them (delete-after-insert), and a
-// retention that deleted every row older than the window. With -allow-gap
-// (RecoverAllowGap) the retention case goes on and delivers every row the
-// table still holds.
+// deleted in the transaction that wrote them (delete-after-insert; here the
+// slot invalidated, and the way out the refusal names, a start with
+// OUTBOX_ACCEPT_SLOT_RESET=true and recovery off, replaces it), events
+// written as logical messages (even with table-mode rows older than the
+// window in the table), and a retention that deleted every row older than
+// the window. With -allow-gap (RecoverAllowGap) the retention case goes on,
+// once, and delivers every row the table still holds.
 func TestRecoverRefused(t *testing.T) {
 	brokers := testenv.SharedKafka(t)
-	for _, mode := range []string{"delete-after-insert", "retention"} {
+	for _, mode := range []string{"delete-after-insert", "messages", "retention"} {
 		t.Run(mode, func(t *testing.T) {
-			pg := testenv.StartPostgres(t, testenv.PGOptions{})
+			pg := testenv.StartPostgres(t, testenv.PGOptions{Settings: map[string]string{"max_slot_wal_keep_size": "32MB"}})
 			ctx := context.Background()
 			conn := pg.Conn(t, "outbox")
 			aggType := uniqueType("refused")
@@ -231,24 +234,35 @@ func TestRecoverRefused(t *testing.T) {
 			cfg.OnSlotLoss = "recover"
 			w := testenv.NewWriter()
 			write := func(n int) {
-				if mode == "retention" {
+				switch mode {
+				case "retention":
 					w.Write(t, ctx, conn, aggType, n, 5, 10)
-					return
-				}
-				// outbox.ModeDeleteAfterInsert's two statements, in one
-				// transaction (a CTE's DELETE would not see the INSERT).
-				for i := range n {
-					err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-						var id string
-						if err := tx.QueryRow(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), $1, $2, 'Tested', '{}') RETURNING id::text`,
-							aggType, "agg-"+strconv.Itoa(i%5)).Scan(&id); err != nil {
-							return err
+				case "messages":
+					// Table-mode rows too: rows older than the window are
+					// there, yet the messages are not.
+					w.Write(t, ctx, conn, aggType, n/2, 5, 10)
+					for i := range n - n/2 {
+						if _, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outbox', json_build_object('id', gen_random_uuid(), 'aggregatetype', $1::text, 'aggregateid', $2::text, 'type', 'Tested', 'payload', '{}'::json)::text)`,
+							aggType, "agg-"+strconv.Itoa(i%5)); err != nil {
+							t.Fatal(err)
 						}
-						_, err := tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1::uuid", id)
-						return err
-					})
-					if err != nil {
-						t.Fatal(err)
+					}
+				default:
+					// outbox.ModeDeleteAfterInsert's two statements, in one
+					// transaction (a CTE's DELETE would not see the INSERT).
+					for i := range n {
+						err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+							var id string
+							if err := tx.QueryRow(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), $1, $2, 'Tested', '{}') RETURNING id::text`,
+								aggType, "agg-"+strconv.Itoa(i%5)).Scan(&id); err != nil {
+								return err
+							}
+							_, err := tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1::uuid", id)
+							return err
+						})
+						if err != nil {
+							t.Fatal(err)
+						}
 					}
 				}
 			}
@@ -267,7 +281,7 @@ func TestRecoverRefused(t *testing.T) {
 			if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE pg_current_xact_id()::text::bigint - age(xmin) < (SELECT recover_xmin FROM outbox_connector_state)").Scan(&older); err != nil {
 				t.Fatal(err)
 			}
-			if want := map[string]int{"delete-after-insert": 0, "retention": 200}[mode]; older != want {
+			if want := map[string]int{"delete-after-insert": 0, "messages": 100, "retention": 200}[mode]; older != want {
 				t.Fatalf("%d rows older than the recovery point after the first 200 were delivered; want %d", older, want)
 			}
 			write(100)
@@ -277,9 +291,19 @@ func TestRecoverRefused(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot('outbox_slot')"); err != nil {
-				t.Fatal(err)
+			loss := "dropped"
+			if mode == "delete-after-insert" {
+				loss = "invalidated"
 			}
+			loseSlot(t, ctx, conn, loss)
+			slots := func() int {
+				var n int
+				if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'outbox_slot'").Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			before := slots()
 			refused := startRelay(t, cfg)
 			var err error
 			select {
@@ -288,50 +312,132 @@ func TestRecoverRefused(t *testing.T) {
 			case <-time.After(60 * time.Second):
 				t.Fatal("the recovery was neither refused nor ended within 60s")
 			}
-			for _, want := range []string{"cannot recover slot", "delete-after-insert", "retention", "-allow-gap"} {
+			wants := map[string][]string{
+				"delete-after-insert": {"cannot recover slot", "delete-after-insert", "none older", "OUTBOX_ACCEPT_SLOT_RESET=true", "-allow-gap"},
+				"messages":            {"cannot recover slot", "logical decoding messages", "OUTBOX_ACCEPT_SLOT_RESET=true", "-allow-gap"},
+				"retention":           {"cannot recover slot", "retention", "none older", "-allow-gap"},
+			}[mode]
+			for _, want := range wants {
 				if err == nil || !strings.Contains(err.Error(), want) {
 					t.Fatalf("recovery ended with %v; want a refusal saying %q", err, want)
 				}
 			}
 			t.Logf("refused: %v", err)
-			var slots int
-			if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots").Scan(&slots); err != nil || slots != 0 {
-				t.Fatalf("%d slots after the refusal (%v): a refused recovery must change nothing", slots, err)
+			if n := slots(); n != before {
+				t.Fatalf("%d slots after the refusal, %d before: a refused recovery must change nothing", n, before)
 			}
-			if mode != "retention" {
-				return
-			}
-			cfg.RecoverAllowGap = true
-			rec := startRelay(t, cfg)
-			rec.waitStreaming(t)
-			var left []testenv.Event
-			kept := map[string]bool{}
-			rows, err := conn.Query(ctx, "SELECT id::text FROM outbox")
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
+			switch mode {
+			case "delete-after-insert":
+				// The way out the refusal names: recovery off, the reset
+				// accepted; the invalidated slot is replaced.
+				cfg.OnSlotLoss, cfg.AcceptSlotReset = "fail", true
+				reset := startRelay(t, cfg)
+				reset.waitStreaming(t)
+				before := c.Count()
+				write(50)
+				waitCount(t, c, before+50)
+				t.Logf("OUTBOX_ACCEPT_SLOT_RESET=true replaced the invalidated slot; new events flow")
+			case "retention":
+				cfg.RecoverAllowGap = true
+				rec := startRelay(t, cfg)
+				rec.waitStreaming(t)
+				if rec.relay.allowGap.Load() {
+					t.Error("-allow-gap outlived the recovery it was given for")
+				}
+				var left []testenv.Event
+				kept := map[string]bool{}
+				rows, err := conn.Query(ctx, "SELECT id::text FROM outbox")
+				if err != nil {
 					t.Fatal(err)
 				}
-				kept[id] = true
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range w.Events {
-				if kept[e.ID] {
-					left = append(left, e)
+				for rows.Next() {
+					var id string
+					if err := rows.Scan(&id); err != nil {
+						t.Fatal(err)
+					}
+					kept[id] = true
 				}
+				if err := rows.Err(); err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range w.Events {
+					if kept[e.ID] {
+						left = append(left, e)
+					}
+				}
+				if len(left) < 100 {
+					t.Fatalf("%d rows left in the table; want at least the 100 of the window", len(left))
+				}
+				c.WaitFor(t, left, 60*time.Second)
+				t.Logf("with -allow-gap: the %d rows left delivered", len(left))
 			}
-			if len(left) < 100 {
-				t.Fatalf("%d rows left in the table; want at least the 100 of the window", len(left))
-			}
-			c.WaitFor(t, left, 60*time.Second)
-			t.Logf("with -allow-gap: the %d rows left delivered", len(left))
 		})
 	}
+}
+
+// TestRecoverLongTransaction: a transaction that wrote an outbox row and
+// stayed open across the recovery points the connector recorded (taken
+// while it ran) commits after the connector stopped; the slot is lost. The
+// recovery publishes it: its transaction id is at least the point's, which
+// is the oldest transaction running when the point was taken, not the next
+// one to start. (A point taken at the snapshot's xmax would lose it.)
+func TestRecoverLongTransaction(t *testing.T) {
+	brokers := testenv.SharedKafka(t)
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	aggType := uniqueType("longtx")
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
+	cfg := testConfig(t, pg.DSN("outbox"), brokers)
+	cfg.OnSlotLoss = "recover"
+	run := startRelay(t, cfg)
+	run.waitStreaming(t)
+	// Events older than the long transaction: the table shows the window
+	// is whole.
+	w := testenv.NewWriter()
+	w.Write(t, ctx, conn, aggType, 100, 5, 10)
+
+	long := pg.Conn(t, "outbox")
+	tx, err := long.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	const longID = "00000000-0000-4000-8000-00000000abcd"
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'long', 'Tested', '{}')`, longID, aggType); err != nil {
+		t.Fatal(err)
+	}
+	// Events after it move the recorded point on.
+	for range 5 {
+		w.Write(t, ctx, conn, aggType, 100, 5, 10)
+		time.Sleep(500 * time.Millisecond)
+	}
+	c.WaitFor(t, w.Snapshot(), 60*time.Second)
+	if err := run.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var point, longXID int64
+	if err := conn.QueryRow(ctx, "SELECT recover_xmin FROM outbox_connector_state").Scan(&point); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&longXID); err != nil {
+		t.Fatal(err)
+	}
+	var later int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE pg_current_xact_id()::text::bigint - age(xmin) > $1", longXID).Scan(&later); err != nil {
+		t.Fatal(err)
+	}
+	if later == 0 {
+		t.Fatalf("no event was written after the long transaction began: the points did not move past it")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	loseSlot(t, ctx, conn, "dropped")
+	rec := startRelay(t, cfg)
+	rec.waitStreaming(t)
+	c.WaitFor(t, append(w.Snapshot(), testenv.Event{ID: longID}), 60*time.Second)
+	t.Logf("the long transaction (xid %d) committed after the stop, %d later rows delivered before it; recovery point %d: delivered", longXID, later, point)
 }
 
 // TestFailoverPromotedStandby: the connector and a writer use a DSN naming a

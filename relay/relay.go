@@ -46,6 +46,9 @@ type Relay struct {
 	router  *route.Router
 
 	schema, table string
+	// allowGap is connector recover -allow-gap: it lets one recovery go on
+	// without the table showing that its window is whole, then lapses.
+	allowGap atomic.Bool
 
 	// Visible state for metrics and health.
 	streaming atomic.Bool
@@ -110,6 +113,7 @@ func New(cfg config.Config, router *route.Router, log *slog.Logger, m *metrics.M
 	}
 	r := &Relay{cfg: cfg, log: log, metrics: m, router: router, schema: schema, table: table}
 	r.stall.timeout = cfg.StallTimeout
+	r.allowGap.Store(cfg.RecoverAllowGap)
 	r.elector = lease.New(lease.Config{
 		DSN: cfg.PGDSN, Slot: cfg.Slot, Holder: lease.DefaultHolder(), TTL: cfg.LeaseTTL,
 		// Without Kafka transactions nothing fences a deposed leader at the
@@ -527,6 +531,20 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			"from_xid", w.from.Xmin, "from_lsn", wal.FormatLSN(w.from.LSN), "from_time", w.from.At)
 		r.metrics.SlotRecoveries.Inc()
 		exists, creating, window = false, true, &w
+	}
+	if exists && info.WALStatus == "lost" && r.cfg.AcceptSlotReset && r.cfg.OnSlotLoss != "recover" {
+		// The operator published the gap's events some other way and
+		// accepts the reset: the invalidated slot is replaced.
+		own := info
+		own.WALStatus = ""
+		if err := wal.CheckSlot(own, db); err != nil {
+			return 0, st, nil, err
+		}
+		if err := r.dropLostSlot(ctx, conn, info); err != nil {
+			return 0, st, nil, err
+		}
+		r.log.Warn("OUTBOX_ACCEPT_SLOT_RESET=true: dropped the invalidated slot to create a new one; events of its gap are not published again", "slot", slot, "confirmed", wal.FormatLSN(st.Confirmed))
+		exists = false
 	}
 	if !exists {
 		if hasState && !creating && st.SystemID == systemID && !r.cfg.AcceptSlotReset {

@@ -416,6 +416,7 @@ func (r *Relay) streamSlot(stop *stopper, c *conns, pool *pgxpool.Pool, tr *trac
 			Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
 			Refused: r.metrics.Refused.Inc,
 			Status:  r.metrics.StatusUpdates.Inc,
+			Message: sw.SawMessage,
 		},
 	}
 	r.streaming.Store(true)

@@ -91,7 +91,7 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 		if err != nil {
 			return err
 		}
-		where, args = " WHERE "+windowWhere(has), append(args, s.window.args()...)
+		where, args = " WHERE "+windowWhere(has), append(args, s.window.args(r.cfg.RecoverMargin)...)
 		what = "recovery window"
 	}
 	q := fmt.Sprintf("SELECT * FROM %s%s ORDER BY %s", pgx.Identifier{r.schema, r.table}.Sanitize(), where, order)

@@ -13,7 +13,9 @@
 -- id at least recover_xmin, so a lost slot is recovered by publishing again
 -- the outbox rows with such ids (OUTBOX_ON_SLOT_LOSS=recover, connector
 -- recover). recovering says that the snapshot the row still owes
--- (snapshot_done false) is that window, not the whole table.
+-- (snapshot_done false) is that window, not the whole table. messages_seen
+-- says the slot carried events written as logical decoding messages, which
+-- the table never holds: no recovery from the table is complete then.
 CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     slot_name          text        PRIMARY KEY,
     system_identifier  text        NOT NULL,
@@ -25,7 +27,8 @@ CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     recover_xmin       bigint,
     recover_lsn        pg_lsn,
     recover_at         timestamptz,
-    recovering         boolean     NOT NULL DEFAULT false
+    recovering         boolean     NOT NULL DEFAULT false,
+    messages_seen      boolean     NOT NULL DEFAULT false
 );
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_epoch bigint;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_lsn pg_lsn;
@@ -33,6 +36,7 @@ ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_xmin 
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_lsn pg_lsn;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_at timestamptz;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recovering boolean NOT NULL DEFAULT false;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS messages_seen boolean NOT NULL DEFAULT false;
 
 -- The leader lease (one row per slot): the holder, a fencing token that grows
 -- on every acquisition, and an expiry computed with the database's clock.

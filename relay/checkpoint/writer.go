@@ -51,8 +51,16 @@ type Writer struct {
 	// yet recordable (their LSN not acked), under mu: each write records
 	// the newest one that is (see Point).
 	points []Point
-	faults fault.Hook
+	// messages: the stream decoded an event written as a logical message
+	// (State.MessagesSeen), recorded with the next write.
+	messages atomic.Bool
+	faults   fault.Hook
 }
+
+// SawMessage records that the stream decoded an event written as a logical
+// decoding message: the next write records it (State.MessagesSeen), before
+// any position past it is confirmed.
+func (w *Writer) SawMessage() { w.messages.Store(true) }
 
 // maxPoints bounds the points kept: a position that stays unacked for
 // many writes (a long transaction, a Kafka outage) keeps the oldest ones,
@@ -177,6 +185,7 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 	defer w.mu.Unlock()
 	st := w.st
 	st.OffsetsLSN = max(st.OffsetsLSN, w.recorded, w.offsets.Load())
+	st.MessagesSeen = st.MessagesSeen || w.messages.Load()
 	rec, used := w.recoverable(min(target, w.tracker.Acked()))
 	st.Recover = rec
 	if final {
@@ -187,12 +196,13 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 		}
 		w.took(taken, rec, used)
 		w.recorded = st.OffsetsLSN
+		w.st.MessagesSeen = st.MessagesSeen
 		w.durable.Store(target)
 		w.onAck(target)
 		return nil
 	}
 	if target <= w.durable.Load() {
-		if st.OffsetsLSN > w.recorded {
+		if st.OffsetsLSN > w.recorded || st.MessagesSeen != w.st.MessagesSeen {
 			// Kafka committed positions while the confirmed one did not
 			// move (one PostgreSQL transaction spanning Kafka
 			// transactions, a slow ack): record them all the same, so
@@ -206,6 +216,7 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 			}
 			w.took(taken, rec, used)
 			w.recorded = st.OffsetsLSN
+			w.st.MessagesSeen = st.MessagesSeen
 		}
 		w.onAck(target)
 		return nil
@@ -219,6 +230,7 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 		return err
 	}
 	w.took(taken, rec, used)
+	w.st.MessagesSeen = st.MessagesSeen
 	if err := w.faults.At(fault.AfterPromise); err != nil {
 		return err
 	}

@@ -52,6 +52,10 @@ type Config struct {
 	// no row older than the gap, so nothing shows that the gap's rows are
 	// all still there (connector recover -allow-gap only: no setting).
 	RecoverAllowGap bool
+	// RecoverMargin bounds a recovery's window by time too: rows created
+	// longer than this before the recovery point are not published again
+	// (OUTBOX_RECOVER_MARGIN, default 6h; relay/recover.go says why).
+	RecoverMargin time.Duration
 	// SlotFailover creates the slot as a failover slot, and makes an
 	// existing one one, so that standbys running sync_replication_slots
 	// keep a copy a promotion can continue from (OUTBOX_SLOT_FAILOVER,
@@ -173,6 +177,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.String(&c.Snapshot, "snapshot", "OUTBOX_SNAPSHOT", "initial", "initial: publish rows already in the table when the slot is created; never: do not")
 	b.Bool(&c.AcceptSlotReset, "accept-slot-reset", "OUTBOX_ACCEPT_SLOT_RESET", false, "continue on a slot that was recreated or advanced behind the connector's back (events may have been skipped)")
 	b.Bool(&c.SlotFailover, "slot-failover", "OUTBOX_SLOT_FAILOVER", false, "create the slot as a failover slot (PostgreSQL 17+), synchronized to standbys with sync_replication_slots, so that a promoted standby has it")
+	b.Duration(&c.RecoverMargin, "recover-margin", "OUTBOX_RECOVER_MARGIN", 6*time.Hour, "a slot recovery does not publish again rows created longer than this before its recovery point (the longest an outbox-writing transaction may stay open)")
 	b.String(&c.OnSlotLoss, "on-slot-loss", "OUTBOX_ON_SLOT_LOSS", "fail", "when the slot is gone, invalidated or ahead of the state row: fail, or recover (a new slot, and every event that may not have been delivered published again from the outbox table)")
 	b.String(&c.HTTPAddr, "http-addr", "OUTBOX_HTTP_ADDR", "127.0.0.1:9189", "address for /metrics, /healthz, /readyz, /leader; off disables them")
 	b.String(&c.HTTPWebConfig, "http-web-config", "OUTBOX_HTTP_WEB_CONFIG", "", "web configuration file (Prometheus exporter-toolkit format) for TLS and basic auth of the HTTP endpoints")
@@ -263,6 +268,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		errs = append(errs, fmt.Errorf("OUTBOX_SOURCE: %q; use wal (read the replication slot) or poll (read the table)", c.Source))
+	}
+	if c.RecoverMargin <= 0 {
+		errs = append(errs, fmt.Errorf("OUTBOX_RECOVER_MARGIN: %s; must be positive (the longest an outbox-writing transaction may stay open, e.g. 6h)", c.RecoverMargin))
 	}
 	if c.OnSlotLoss != "fail" && c.OnSlotLoss != "recover" {
 		errs = append(errs, fmt.Errorf("OUTBOX_ON_SLOT_LOSS: %q; use fail or recover", c.OnSlotLoss))

@@ -68,6 +68,7 @@ func CheckSlot(s SlotInfo, db string) error {
 	case s.WALStatus == "lost":
 		return fatal.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so the events in it cannot be read from the WAL. "+
 			"Start with OUTBOX_ON_SLOT_LOSS=recover (or run connector recover once): it replaces the slot and publishes again, from the outbox table, every event that may not have been delivered. "+
+			"Where the table cannot hold them (outbox modes delete-after-insert and message), publish the missing events yourself, then start once with OUTBOX_ACCEPT_SLOT_RESET=true: the slot is dropped and created anew. "+
 			"Raise max_slot_wal_keep_size and watch slotwatch's alerts to prevent it", s.Name)
 	}
 	return nil

@@ -40,6 +40,9 @@ type Counters struct {
 	Refused func()
 	// Status counts status updates sent.
 	Status func()
+	// Message is told of every event written as a logical decoding
+	// message, before it is handed on (checkpoint.Writer.SawMessage).
+	Message func()
 }
 
 // Confirmer is what a Stream asks before it confirms a position: the
@@ -389,6 +392,9 @@ func (s *Stream) handleMessage(ctx context.Context, lsn uint64, b []byte) error 
 		}
 		src := s.source(m.LSN)
 		src.Message = true
+		if s.Counters.Message != nil {
+			s.Counters.Message()
+		}
 		row, rerr := route.RowFromMessage(m.Content, src)
 		if rerr != nil {
 			content := append([]byte(nil), m.Content...)

@@ -203,9 +203,10 @@ func evalUnreserved(r *watch.Report, _ Thresholds) []finding {
 
 // Recovery says what an operator does about an invalidated slot, by reason.
 func Recovery(slot, reason string) string {
-	common := fmt.Sprintf("The slot cannot be used again: events after its confirmed position are gone from it. Stop the connector "+
-		"(it refuses to continue, and never recreates a slot silently), then drop the slot (SELECT pg_drop_replication_slot('%s')), "+
-		"let the connector create it anew and re-publish the outbox rows committed since the last event Kafka holds (consumers deduplicate by event id).", slot)
+	common := fmt.Sprintf("The slot cannot be used again: events after its confirmed position are gone from it. "+
+		"For the outbox connector's slot, run connector recover (or set OUTBOX_ON_SLOT_LOSS=recover): it drops the slot, creates it anew and re-publishes "+
+		"from the outbox table every event that may not have been delivered (consumers deduplicate by event id); it refuses, saying why, when the table cannot hold them. "+
+		"Another consumer's slot: drop it (SELECT pg_drop_replication_slot('%s')) and re-publish what it had not confirmed.", slot)
 	switch reason {
 	case "wal_removed":
 		return common + " Then prevent a repeat: find why the consumer fell behind, and size max_slot_wal_keep_size for the longest outage to survive."
