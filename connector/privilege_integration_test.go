@@ -78,7 +78,7 @@ func TestLeastPrivilege(t *testing.T) {
 		}
 		return names
 	}
-	want := []string{"outbox_connector_state", "outbox_lease"}
+	want := []string{"outbox_backfill", "outbox_connector_state", "outbox_lease"}
 	if got := owned(); !slices.Equal(got, want) {
 		t.Fatalf("outbox_connector owns %v; want only %v", got, want)
 	}

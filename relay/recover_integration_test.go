@@ -337,6 +337,16 @@ func TestRecoverRefused(t *testing.T) {
 				write(50)
 				waitCount(t, c, before+50)
 				t.Logf("OUTBOX_ACCEPT_SLOT_RESET=true replaced the invalidated slot; new events flow")
+			case "messages":
+				// Let through once: the new slot's state row still says
+				// what the slot carried, so a later loss refuses again.
+				cfg.RecoverAllowGap = true
+				rec := startRelay(t, cfg)
+				rec.waitStreaming(t)
+				var seen bool
+				if err := conn.QueryRow(ctx, "SELECT messages_seen FROM outbox_connector_state").Scan(&seen); err != nil || !seen {
+					t.Fatalf("messages_seen after the recovery: %v, %v; want it kept", seen, err)
+				}
 			case "retention":
 				cfg.RecoverAllowGap = true
 				rec := startRelay(t, cfg)

@@ -553,6 +553,10 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 				"or check the outbox table for events after that position yourself, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to create a new slot", slot, wal.FormatLSN(st.Confirmed))
 		}
 		initial := r.cfg.Snapshot == "initial" || window != nil
+		// What the slot carried stays known across a new slot of the same
+		// cluster: a later loss must still refuse a recovery that cannot
+		// be complete.
+		messages := hasState && st.SystemID == systemID && st.MessagesSeen
 		if initial {
 			// Record the intent before the slot exists: CREATE_REPLICATION_SLOT
 			// makes a persistent slot at once, and if anything fails before
@@ -561,7 +565,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			// slot is the connector's own and still owes its snapshot,
 			// rather than adopt it as an operator's slot and skip the rows
 			// written before it.
-			intent := checkpoint.State{Slot: slot, SystemID: systemID}
+			intent := checkpoint.State{Slot: slot, SystemID: systemID, MessagesSeen: messages}
 			if window != nil && !window.whole {
 				// A recovery's intent keeps its window: the start after a
 				// failure here publishes it, not the whole table.
@@ -582,7 +586,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		if err := r.faults.At(fault.SlotCreated); err != nil {
 			return 0, st, nil, err
 		}
-		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: consistent, SnapshotDone: !initial}
+		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: consistent, SnapshotDone: !initial, MessagesSeen: messages}
 		if window != nil && !window.whole {
 			st.Recovering, st.Recover = true, window.from
 		}
@@ -629,7 +633,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		// and streaming starts at the slot's own position. Rows committed
 		// in between are both read and streamed: duplicates, never losses.
 		r.log.Warn("found the slot this connector was creating when its last start failed; recording its position and taking the initial snapshot again", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush), "recovering", st.Recovering)
-		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, Recovering: st.Recovering, Recover: st.Recover}
+		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, Recovering: st.Recovering, Recover: st.Recover, MessagesSeen: st.MessagesSeen}
 		if err := save(checkpoint.ResetState, st); err != nil {
 			return 0, st, nil, err
 		}
