@@ -261,13 +261,15 @@ func backfillCmd(ctx context.Context, cfg config.Config, f backfillFlags, log *s
 	if err != nil {
 		return fmt.Errorf("connector backfill -from %q: want RFC 3339, e.g. 2026-12-04T10:00:00Z: %w", f.from, err)
 	}
-	to := time.Now()
+	// No -to: the first run fixes it at its start, and the same command
+	// resumes that run.
+	var to time.Time
 	if f.to != "" {
 		if to, err = time.Parse(time.RFC3339Nano, f.to); err != nil {
 			return fmt.Errorf("connector backfill -to %q: want RFC 3339, e.g. 2026-12-04T11:00:00Z: %w", f.to, err)
 		}
 	}
-	if !to.After(from) {
+	if !to.IsZero() && !to.After(from) {
 		return fmt.Errorf("connector backfill: -to %s is not after -from %s", to.Format(time.RFC3339), from.Format(time.RFC3339))
 	}
 	if f.batch < 1 || f.batch > 100000 {

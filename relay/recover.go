@@ -82,10 +82,13 @@ func (w recoveryWindow) args(margin time.Duration) []any {
 	return []any{int64(w.from.Xmin), w.from.At.Add(-margin)}
 }
 
-// queryHasCreatedAt: whether the outbox has created_at (the frozen rows'
-// fallback; sql/001's table has it).
+// queryHasCreatedAt: whether the outbox has a timestamptz created_at (the
+// window's bound by time; sql/001's table has it). A timestamp without time
+// zone would be read in the connector's session time zone, not the
+// writers': such a column is not used.
 const queryHasCreatedAt = `
-SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'created_at' AND attnum > 0 AND NOT attisdropped)`
+SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'created_at' AND attnum > 0 AND NOT attisdropped
+               AND atttypid = 'timestamptz'::regtype)`
 
 func (r *Relay) hasCreatedAt(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
@@ -150,7 +153,7 @@ func (r *Relay) checkRecoverable(ctx context.Context, conn *pgx.Conn, st checkpo
 	default:
 		return inWindow, nil
 	}
-	if r.allowGap.Swap(false) {
+	if r.allowGap.Load() {
 		r.log.Warn("recovering although the outbox table may not hold every event of the window (connector recover -allow-gap): events missing from it are skipped",
 			"slot", r.cfg.Slot, "why", why, "window_rows", inWindow)
 		return inWindow, nil

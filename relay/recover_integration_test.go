@@ -578,6 +578,30 @@ func runFailover(t *testing.T, brokers string, primary, standby *testenv.Postgre
 	dups := c.Verify(t, want)
 	t.Logf("%d events committed, %d of them replicated before the kill or written after the promotion (all delivered), %d committed on the old primary only; %d duplicates",
 		len(written), len(want), len(written)-len(want), dups)
+	if !synced {
+		return
+	}
+	// The promoted server's slot stays synced for good: only the first
+	// start after the promotion may take it as ahead of a lagging row. A
+	// slot advanced behind the connector's back later is refused as ever.
+	if _, err := conn.Exec(context.Background(), "SELECT pg_logical_emit_message(true, 'other', 'x')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(context.Background(), "SELECT pg_replication_slot_advance('outbox_slot', pg_current_wal_lsn())"); err != nil {
+		t.Fatal(err)
+	}
+	off := cfg
+	off.OnSlotLoss = "fail"
+	refused := startRelay(t, off)
+	select {
+	case err := <-refused.done:
+		refused.cancel = nil
+		if err == nil || !strings.Contains(err.Error(), "moved behind the connector's back") {
+			t.Fatalf("a synced slot advanced after the failover: the connector ended with %v; want the refusal", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("a synced slot advanced after the failover was not refused within 60s")
+	}
 }
 
 // waitSynced waits until the standby holds a synchronized copy of the

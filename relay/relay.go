@@ -46,8 +46,9 @@ type Relay struct {
 	router  *route.Router
 
 	schema, table string
-	// allowGap is connector recover -allow-gap: it lets one recovery go on
-	// without the table showing that its window is whole, then lapses.
+	// allowGap is connector recover -allow-gap: it lets the recovery of the
+	// process's first session go on without the table showing that its
+	// window is whole, and lapses once a session prepared its slot.
 	allowGap atomic.Bool
 
 	// Visible state for metrics and health.
@@ -465,8 +466,10 @@ func (r *Relay) Published() int64 { return r.published.Load() }
 // prepareSlot creates or adopts the slot and checks it against the state
 // row. It returns the position to stream from, the state, and an open
 // snapshot to publish first when one is due.
-func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, rconn *pgconn.PgConn, systemID, db string, version int) (uint64, checkpoint.State, *snapshot, error) {
+func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, rconn *pgconn.PgConn, systemID string, timeline int32, db string, version int) (uint64, checkpoint.State, *snapshot, error) {
+	// Every write records the server's timeline (State.Timeline).
 	save := func(f func(context.Context, checkpoint.Execer, checkpoint.State, checkpoint.Fence) error, st checkpoint.State) error {
+		st.Timeline = timeline
 		return f(ctx, conn, st, checkpoint.Fence{Token: t.Token})
 	}
 	slot := r.cfg.Slot
@@ -492,13 +495,17 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		w := windowOf(st)
 		window = &w
 	}
-	if exists && info.Synced && hasState && !creating && st.SystemID == systemID && info.WALStatus != "lost" && info.ConfirmedFlush > st.Confirmed {
+	if exists && info.Synced && hasState && !creating && st.SystemID == systemID && info.WALStatus != "lost" && info.ConfirmedFlush > st.Confirmed &&
+		st.Timeline != 0 && st.Timeline < timeline {
 		// A failover slot synchronized from the former primary, on this
-		// promoted standby: its position is one this connector confirmed
-		// there, after everything before it was delivered. The standby
-		// syncs a position once it has the WAL up to it, and the state
-		// row written before that confirmation may not have replicated
-		// yet: the row lags, the slot did not move behind its back.
+		// promoted standby (the row was last written on an earlier
+		// timeline; synced stays true on a promoted server for good, so
+		// only the first start after the promotion may take this path):
+		// its position is one this connector confirmed there, after
+		// everything before it was delivered. The standby syncs a
+		// position once it has the WAL up to it, and the state row
+		// written before that confirmation may not have replicated yet:
+		// the row lags, the slot did not move behind its back.
 		r.log.Info("continuing from the failover slot synchronized from the former primary; recording its position, which the replicated state row had not reached",
 			"slot", slot, "slot_confirmed", wal.FormatLSN(info.ConfirmedFlush), "state_confirmed", wal.FormatLSN(st.Confirmed))
 		st.Confirmed = info.ConfirmedFlush
@@ -615,6 +622,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			}
 			return 0, st, nil, err
 		}
+		st.Timeline = timeline
 		return consistent, st, snap, nil
 	}
 	if err := wal.CheckSlot(info, db); err != nil {
@@ -647,6 +655,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			return 0, st, nil, err
 		}
 		r.log.Info("adopted existing replication slot as it is (no snapshot)", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush))
+		st.Timeline = timeline
 		return info.ConfirmedFlush, st, nil, nil
 	}
 	if err := checkpoint.CheckSlotAgainstState(info, st, systemID); err != nil {
@@ -679,7 +688,9 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		if err != nil {
 			return 0, st, nil, err
 		}
+		st.Timeline = timeline
 		return info.ConfirmedFlush, st, snap, nil
 	}
+	st.Timeline = timeline
 	return info.ConfirmedFlush, st, nil, nil
 }

@@ -105,8 +105,11 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	}
 	l.established.Store(true)
 
-	start, st, snapshot, err := r.prepareSlot(stop.read, t, c.conn, c.rconn, sys.SystemID, db, c.version)
+	start, st, snapshot, err := r.prepareSlot(stop.read, t, c.conn, c.rconn, sys.SystemID, sys.Timeline, db, c.version)
 	if err == nil {
+		// -allow-gap was for the loss found at the start, which this
+		// session recovered (or did not find).
+		r.allowGap.Store(false)
 		var eo *publish.Offsets
 		eo, err = r.exactlyOnce(stop.read, kcl, c, sys, db, &st, t.Token)
 		if err == nil {

@@ -16,6 +16,8 @@
 -- (snapshot_done false) is that window, not the whole table. messages_seen
 -- says the slot carried events written as logical decoding messages, which
 -- the table never holds: no recovery from the table is complete then.
+-- timeline is the server's timeline at the last write: a promoted standby
+-- finds its replicated row written on an earlier one.
 CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     slot_name          text        PRIMARY KEY,
     system_identifier  text        NOT NULL,
@@ -28,7 +30,8 @@ CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     recover_lsn        pg_lsn,
     recover_at         timestamptz,
     recovering         boolean     NOT NULL DEFAULT false,
-    messages_seen      boolean     NOT NULL DEFAULT false
+    messages_seen      boolean     NOT NULL DEFAULT false,
+    timeline           integer
 );
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_epoch bigint;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_lsn pg_lsn;
@@ -37,6 +40,7 @@ ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_lsn p
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_at timestamptz;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recovering boolean NOT NULL DEFAULT false;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS messages_seen boolean NOT NULL DEFAULT false;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS timeline integer;
 
 -- The leader lease (one row per slot): the holder, a fencing token that grows
 -- on every acquisition, and an expiry computed with the database's clock.
@@ -62,16 +66,17 @@ ALTER TABLE public.outbox_lease ADD COLUMN IF NOT EXISTS holder_pid integer;
 
 -- Backfills (connector backfill): one row per named run, its selection and
 -- the end of its range (fixed by the first run when none was given), the
--- rows it had to publish and has published, and the key (time column, event
--- id) of the last row Kafka acknowledged, so that a run interrupted (killed)
--- resumes after it.
+-- rows it had to publish, has published and could not publish, and the key
+-- of the last row Kafka acknowledged (the order column's value as text, and
+-- the event id), so that a run interrupted (killed) resumes after it.
 CREATE TABLE IF NOT EXISTS public.outbox_backfill (
     name        text        PRIMARY KEY,
     selection   text        NOT NULL,
     range_to    timestamptz NOT NULL,
     total       bigint      NOT NULL,
     done        bigint      NOT NULL DEFAULT 0,
-    last_time   timestamptz,
+    failed      bigint      NOT NULL DEFAULT 0,
+    last_key    text,
     last_id     text,
     started_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),

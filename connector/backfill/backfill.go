@@ -9,6 +9,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -39,7 +40,8 @@ type Selection struct {
 	TimeColumn string
 	// IDColumn is the event id column (the router's FieldEventID): with
 	// TimeColumn, the order rows are published in and the key a resumed
-	// run continues after.
+	// run continues after, unless the table has a sequence-filled column
+	// (see orderColumn).
 	IDColumn string
 	// From and To are the range, From included, To excluded. A zero To is
 	// the end a resumed run recorded, or now for a new one.
@@ -128,7 +130,24 @@ type Result struct {
 }
 
 // queryProgress reads a run's progress row.
-const queryProgress = `SELECT selection, range_to, total, done, last_time::text, coalesce(last_id, ''), finished_at IS NOT NULL FROM public.outbox_backfill WHERE name = $1`
+const queryProgress = `SELECT selection, range_to, total, done, failed, last_key, coalesce(last_id, ''), finished_at IS NOT NULL FROM public.outbox_backfill WHERE name = $1`
+
+// queryOrderColumn finds the column rows are published in the order of,
+// as the initial snapshot does: an integer column filled at INSERT from a
+// sequence the table owns handing out values one at a time (its value is
+// taken at INSERT, so an aggregate's events written one after another have
+// growing values, within a transaction and across). Empty: none.
+const queryOrderColumn = `
+SELECT coalesce((SELECT a.attname::text FROM pg_attribute a
+                 JOIN pg_sequence q ON q.seqrelid = pg_get_serial_sequence($1, a.attname)::regclass
+                 WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+                   AND a.atttypid IN ('int8'::regtype, 'int4'::regtype) AND q.seqcache = 1
+                 ORDER BY a.attnum LIMIT 1), '')`
+
+// queryColumnType is a column's type as SQL writes it (the keyset casts
+// the recorded key back to it, so that it compares in the column's own
+// type: a timestamp without time zone is never converted).
+const queryColumnType = `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped`
 
 // Run publishes the rows of sel not yet published by a run named name
 // (DefaultName(sel) when empty), and records the run finished.
@@ -153,12 +172,12 @@ func (b *Backfiller) Run(ctx context.Context, name string, sel Selection) (Resul
 	tbl := pgx.Identifier{sel.Schema, sel.Table}.Sanitize()
 	var rangeTo time.Time
 	var selection string
-	// The key of the last row recorded done: the time as PostgreSQL
-	// writes a timestamptz (its offset included), and the id as text.
-	var lastTime *string
+	// The key of the last row recorded done: the order column's value as
+	// text, and the id as text.
+	var lastKey *string
 	var lastID string
 	var finished bool
-	err := b.Pool.QueryRow(ctx, queryProgress, name).Scan(&selection, &rangeTo, &res.Total, &res.Done, &lastTime, &lastID, &finished)
+	err := b.Pool.QueryRow(ctx, queryProgress, name).Scan(&selection, &rangeTo, &res.Total, &res.Done, &res.Failed, &lastKey, &lastID, &finished)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		if sel.To.IsZero() {
@@ -182,7 +201,7 @@ func (b *Backfiller) Run(ctx context.Context, name string, sel Selection) (Resul
 	default:
 		sel.To = rangeTo
 		res.Resumed = true
-		b.Log.Info("resuming backfill after the last batch Kafka acknowledged", "name", name, "done", res.Done, "total", res.Total, "after_time", lastTime, "after_id", lastID)
+		b.Log.Info("resuming backfill after the last batch Kafka acknowledged", "name", name, "done", res.Done, "total", res.Total, "after_key", lastKey, "after_id", lastID)
 	}
 
 	where, args := sel.where()
@@ -195,44 +214,61 @@ func (b *Backfiller) Run(ctx context.Context, name string, sel Selection) (Resul
 		return res, err
 	}
 	q := func(c string) string { return "t." + pgx.Identifier{c}.Sanitize() }
-	timeCol, idCol := q(sel.TimeColumn), q(sel.IDColumn)
+	var seqCol string
+	if err := b.Pool.QueryRow(ctx, queryOrderColumn, tbl).Scan(&seqCol); err != nil {
+		return res, fmt.Errorf("inspect %s for the backfill's order: %w", tbl, err)
+	}
+	// The order, and the key a resumed run continues after: the sequence
+	// column (exact per aggregate), else the time column and the id (the
+	// events of one transaction share their created_at, and come out in id
+	// order then: not the order they were written in; the README says so).
+	keyName, idCol := sel.TimeColumn, q(sel.IDColumn)
+	if seqCol != "" {
+		keyName = seqCol
+	}
+	var keyType string
+	if err := b.Pool.QueryRow(ctx, queryColumnType, tbl, keyName).Scan(&keyType); err != nil {
+		return res, fmt.Errorf("look up column %q of %s: %w", keyName, tbl, err)
+	}
+	keyCol := q(keyName)
 	started, startDone := time.Now(), res.Done
 	lastPrint := time.Now()
 	report := func(final bool) {
 		rate := float64(res.Done-startDone) / max(time.Since(started).Seconds(), 1e-3)
 		pct := 100.0
 		if res.Total > 0 {
-			pct = 100 * float64(res.Done) / float64(res.Total)
+			pct = 100 * float64(res.Done+res.Failed) / float64(res.Total)
 		}
 		state := ""
 		if final {
 			state = " done"
 		}
-		fmt.Fprintf(b.Progress, "backfill %s: %d of %d rows (%.1f%%), %.0f rows/s, %d failed%s\n", name, res.Done, res.Total, pct, rate, res.Failed, state)
+		fmt.Fprintf(b.Progress, "backfill %s: %d of %d rows (%.1f%%), %.0f rows/s, %d failed%s\n", name, res.Done+res.Failed, res.Total, pct, rate, res.Failed, state)
 	}
 	for {
 		page := where
 		pargs := append([]any(nil), args...)
-		if lastTime != nil {
-			pargs = append(pargs, *lastTime, lastID)
+		if lastKey != nil {
+			pargs = append(pargs, *lastKey, lastID)
 			n := len(pargs)
-			// The first condition lets an index on the time column bound
+			// The first condition lets an index on the key column bound
 			// the scan; the second is the key.
-			page += fmt.Sprintf(" AND %s >= $%d::timestamptz AND (%s, %s::text) > ($%d::timestamptz, $%d)", timeCol, n-1, timeCol, idCol, n-1, n)
+			page += fmt.Sprintf(" AND %s >= $%d::%s AND (%s, %s::text) > ($%d::%s, $%d)", keyCol, n-1, keyType, keyCol, idCol, n-1, keyType, n)
 		}
-		sql := fmt.Sprintf(`SELECT t.*, %s::timestamptz AS "__backfill_time", %s::text AS "__backfill_id" FROM %s t WHERE %s ORDER BY %s, %s::text LIMIT %d`,
-			timeCol, idCol, tbl, page, timeCol, idCol, b.Batch)
-		n, lt, lid, err := b.batch(ctx, sql, pargs, infos, sel, &res)
+		sql := fmt.Sprintf(`SELECT t.*, %s::text AS "__backfill_key", %s::text AS "__backfill_id" FROM %s t WHERE %s ORDER BY %s, %s::text LIMIT %d`,
+			keyCol, idCol, tbl, page, keyCol, idCol, b.Batch)
+		before := res.Failed
+		n, lk, lid, err := b.batch(ctx, sql, pargs, infos, sel, &res)
 		if err != nil {
 			return res, err
 		}
 		if n == 0 {
 			break
 		}
-		res.Done += int64(n)
-		lastTime, lastID = &lt, lid
-		if _, err := b.Pool.Exec(ctx, `UPDATE public.outbox_backfill SET done = $2, last_time = $3::timestamptz, last_id = $4, updated_at = now() WHERE name = $1`,
-			name, res.Done, lt, lid); err != nil {
+		res.Done += int64(n) - (res.Failed - before)
+		lastKey, lastID = &lk, lid
+		if _, err := b.Pool.Exec(ctx, `UPDATE public.outbox_backfill SET done = $2, failed = $3, last_key = $4, last_id = $5, updated_at = now() WHERE name = $1`,
+			name, res.Done, res.Failed, lk, lid); err != nil {
 			return res, fmt.Errorf("record the progress of backfill %q: %w", name, err)
 		}
 		if time.Since(lastPrint) >= b.Every {
@@ -265,11 +301,11 @@ func (b *Backfiller) batch(ctx context.Context, sql string, args []any, infos ma
 	src := route.Source{Table: sel.Schema + "." + sel.Table}
 	var recs []*kgo.Record
 	n := 0
-	var lastTime, lastID string
+	var lastKey, lastID string
 	for rows.Next() {
 		raw := rows.RawValues()
 		n++
-		lastTime, lastID = string(raw[len(raw)-2]), string(raw[len(raw)-1])
+		lastKey, lastID = string(raw[len(raw)-2]), string(raw[len(raw)-1])
 		row := wal.TextRow(cols, raw[:len(cols)], infos, src)
 		rec, err := b.Router.Route(ctx, row)
 		if err == nil && b.MaxMessageBytes > 0 && len(rec.Key)+len(rec.Value) > b.MaxMessageBytes {
@@ -277,7 +313,7 @@ func (b *Backfiller) batch(ctx context.Context, sql string, args []any, infos ma
 		}
 		if err != nil {
 			res.Failed++
-			b.Log.Warn("row not backfilled: it cannot be published (the connector dead-lettered it when it streamed it)", "id", lastID, "err", err)
+			b.Log.Warn("row not backfilled: it cannot be published (the connector dead-lettered it when it streamed it)", "id", lastID, "key", lastKey, "err", err)
 			continue
 		}
 		recs = append(recs, rec)
@@ -291,10 +327,23 @@ func (b *Backfiller) batch(ctx context.Context, sql string, args []any, infos ma
 			return 0, "", "", err
 		}
 	}
-	if err := b.Client.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return 0, "", "", fmt.Errorf("publish a batch of the backfill (nothing of it recorded done; a new run resumes before it): %w", err)
+	var failed []string
+	var first error
+	for _, r := range b.Client.ProduceSync(ctx, recs...) {
+		if r.Err != nil {
+			failed = append(failed, r.Record.Topic+" id "+header(r.Record, "id"))
+			first = cmp.Or(first, r.Err)
+		}
 	}
-	return n, lastTime, lastID, nil
+	if first != nil {
+		// Nothing of the batch is recorded done: a new run publishes it
+		// again. An error Kafka gives for one record every time (a topic
+		// with a smaller max.message.bytes, a policy) stops every run
+		// here; the ids say which.
+		return 0, "", "", fmt.Errorf("publish a batch of the backfill (nothing of it recorded done; a new run resumes before it): %d records failed (%s): %w",
+			len(failed), strings.Join(failed[:min(len(failed), 5)], ", "), first)
+	}
+	return n, lastKey, lastID, nil
 }
 
 // ensureTopic creates a topic the first time the run publishes to it, as
@@ -331,4 +380,14 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	return nil
+}
+
+// header is a record header's value.
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }

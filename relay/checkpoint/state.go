@@ -48,6 +48,10 @@ type State struct {
 	// messages (outbox mode message), which the table never holds, so a
 	// lost slot cannot be recovered from it. Sticky.
 	MessagesSeen bool
+	// Timeline is the server's timeline when the row was last written (0:
+	// not recorded, an older row): a promoted standby's row was written on
+	// an earlier one.
+	Timeline int32
 }
 
 // Point is a recovery point: Xmin is a full transaction id (xid8) such that
@@ -111,7 +115,7 @@ var stateDDL = schema.Statements("public.outbox_connector_state")
 
 const queryState = `
 SELECT system_identifier, confirmed_lsn::text, snapshot_done, coalesce(offsets_epoch, 0), coalesce(offsets_lsn, '0/0')::text,
-       coalesce(recover_xmin, 0), coalesce(recover_lsn, '0/0')::text, coalesce(recover_at, 'epoch'), recovering, messages_seen
+       coalesce(recover_xmin, 0), coalesce(recover_lsn, '0/0')::text, coalesce(recover_at, 'epoch'), recovering, messages_seen, coalesce(timeline, 0)
 FROM public.outbox_connector_state WHERE slot_name = $1`
 
 // upsertSet is the update of a state row by a write that never moves
@@ -133,6 +137,7 @@ ON CONFLICT (slot_name) DO UPDATE SET
     recover_at = CASE WHEN EXCLUDED.recover_xmin IS NULL THEN outbox_connector_state.recover_at ELSE EXCLUDED.recover_at END,
     recovering = EXCLUDED.recovering AND NOT (outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done),
     messages_seen = outbox_connector_state.messages_seen OR EXCLUDED.messages_seen,
+    timeline = coalesce(EXCLUDED.timeline, outbox_connector_state.timeline),
     updated_at = now()`
 
 // resetSet overwrites a state row.
@@ -148,25 +153,26 @@ ON CONFLICT (slot_name) DO UPDATE SET
     recover_at = EXCLUDED.recover_at,
     recovering = EXCLUDED.recovering,
     messages_seen = EXCLUDED.messages_seen,
+    timeline = EXCLUDED.timeline,
     updated_at = now()`
 
 // The confirmed position only moves forward (GREATEST), so a late or
 // repeated write can never make the check at start pass falsely.
 const upsertState = `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
-    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, updated_at)
-VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, now())` + upsertSet + capturePoint
+    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, now())` + upsertSet + capturePoint
 
 // resetState is the one write that may move backwards: the operator accepted
 // a slot reset (OUTBOX_ACCEPT_SLOT_RESET) or the slot was recreated.
 const resetState = `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
-    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, updated_at)
-VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, now())` + resetSet + capturePoint
+    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, now())` + resetSet + capturePoint
 
 // Fence makes a state write conditional on the leader lease of the state's
 // slot (public.outbox_lease): the write happens only while the lease's token
-// is Token (the fenced statement's last parameter, $12). The check locks the lease row (FOR SHARE) within the write's own
+// is Token (the fenced statement's last parameter, $13). The check locks the lease row (FOR SHARE) within the write's own
 // statement, so a takeover, which updates the row, comes entirely before or
 // entirely after the write; and since it is one statement, no client round
 // trip (a frozen process) ever holds that lock. The zero Fence writes
@@ -179,20 +185,20 @@ type Fence struct {
 // instance took over, and the write did not happen.
 var errFenced = fmt.Errorf("%w; the state was not written", lease.ErrFenced)
 
-// fenceCTE selects one row while the lease of slot $1 has token $12 (the
+// fenceCTE selects one row while the lease of slot $1 has token $13 (the
 // fenced statement's last parameter).
 const fenceCTE = `
-WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $12::bigint FOR SHARE)`
+WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $13::bigint FOR SHARE)`
 
 const upsertStateFenced = fenceCTE + `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
-    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, updated_at)
-SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, now() FROM fence` + upsertSet + capturePoint
+    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, now() FROM fence` + upsertSet + capturePoint
 
 const resetStateFenced = fenceCTE + `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
-    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, updated_at)
-SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, now() FROM fence` + resetSet + capturePoint
+    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, now() FROM fence` + resetSet + capturePoint
 
 // setStateExact also records the newest exactly-once position Kafka
 // committed ($3, within the row's history: offsets_lsn only grows), and a
@@ -203,12 +209,13 @@ const setStateExactSet = `UPDATE public.outbox_connector_state SET confirmed_lsn
     recover_lsn = CASE WHEN $4::bigint IS NULL THEN recover_lsn ELSE $5::pg_lsn END,
     recover_at = CASE WHEN $4::bigint IS NULL THEN recover_at ELSE $6::timestamptz END,
     messages_seen = messages_seen OR $7::boolean,
+    timeline = coalesce($8::integer, timeline),
     updated_at = now()`
 
 const setStateExact = setStateExactSet + ` WHERE slot_name = $1` + capturePoint
 
 const setStateExactFenced = setStateExactSet + `
-WHERE slot_name = $1 AND EXISTS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $8::bigint FOR SHARE)` + capturePoint
+WHERE slot_name = $1 AND EXISTS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $9::bigint FOR SHARE)` + capturePoint
 
 // Execer runs a statement (a *pgx.Conn, a pgx.Tx).
 type Execer interface {
@@ -251,7 +258,7 @@ func setStateExactPoint(ctx context.Context, conn Execer, st State, f Fence) (Po
 		olsn = &l
 	}
 	xmin, rlsn, rat := st.Recover.args()
-	p, err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, wal.FormatLSN(st.Confirmed), olsn, xmin, rlsn, rat, st.MessagesSeen)
+	p, err := write(ctx, conn, f, setStateExact, setStateExactFenced, st.Slot, wal.FormatLSN(st.Confirmed), olsn, xmin, rlsn, rat, st.MessagesSeen, st.timeline())
 	if err != nil {
 		return p, fmt.Errorf("record final position %s for slot %q: %w", wal.FormatLSN(st.Confirmed), st.Slot, err)
 	}
@@ -277,7 +284,7 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 		}
 		for _, q := range stateDDL[1:] {
 			if _, err := conn.Exec(ctx, q); err != nil {
-				return &fatal.Error{Msg: "the state table public.outbox_connector_state lacks columns of this version (offsets_epoch, offsets_lsn, recover_xmin, recover_lsn, recover_at, recovering, messages_seen), and this role cannot add them; apply sql/004_connector_state.sql again (its ALTER TABLE statements) as the table's owner", Err: err}
+				return &fatal.Error{Msg: "the state table public.outbox_connector_state lacks columns of this version (offsets_epoch, offsets_lsn, recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline), and this role cannot add them; apply sql/004_connector_state.sql again (its ALTER TABLE statements) as the table's owner", Err: err}
 			}
 		}
 		return nil
@@ -293,7 +300,7 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 const queryStateColumns = `
 SELECT count(*) FROM pg_attribute
 WHERE attrelid = 'public.outbox_connector_state'::regclass AND NOT attisdropped
-  AND attname IN ('offsets_epoch', 'offsets_lsn', 'recover_xmin', 'recover_lsn', 'recover_at', 'recovering', 'messages_seen')`
+  AND attname IN ('offsets_epoch', 'offsets_lsn', 'recover_xmin', 'recover_lsn', 'recover_at', 'recovering', 'messages_seen', 'timeline')`
 
 // LoadState reads the slot's state row; ok is false when there is none.
 func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, error) {
@@ -301,7 +308,7 @@ func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, e
 	var lsn, olsn, rlsn string
 	var rxmin int64
 	err := conn.QueryRow(ctx, queryState, slot).Scan(&st.SystemID, &lsn, &st.SnapshotDone, &st.OffsetsEpoch, &olsn,
-		&rxmin, &rlsn, &st.Recover.At, &st.Recovering, &st.MessagesSeen)
+		&rxmin, &rlsn, &st.Recover.At, &st.Recovering, &st.MessagesSeen, &st.Timeline)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, false, nil
 	}
@@ -362,7 +369,15 @@ func (st State) args() []any {
 		olsn = wal.FormatLSN(st.OffsetsLSN)
 	}
 	xmin, rlsn, rat := st.Recover.args()
-	return []any{st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone, epoch, olsn, xmin, rlsn, rat, st.Recovering, st.MessagesSeen}
+	return []any{st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone, epoch, olsn, xmin, rlsn, rat, st.Recovering, st.MessagesSeen, st.timeline()}
+}
+
+// timeline is the Timeline parameter: NULL when not known.
+func (st State) timeline() any {
+	if st.Timeline == 0 {
+		return nil
+	}
+	return st.Timeline
 }
 
 // args are a point's parameters: all NULL for none.

@@ -54,7 +54,12 @@ type Writer struct {
 	// messages: the stream decoded an event written as a logical message
 	// (State.MessagesSeen), recorded with the next write.
 	messages atomic.Bool
-	faults   fault.Hook
+	// msgRecorded: the state row says so (State.MessagesSeen); until then
+	// nothing past lastTarget, the acked position the last write covered
+	// (without the headroom), may be confirmed.
+	msgRecorded atomic.Bool
+	lastTarget  atomic.Uint64
+	faults      fault.Hook
 }
 
 // SawMessage records that the stream decoded an event written as a logical
@@ -72,12 +77,24 @@ const maxPoints = 64
 func NewWriter(conn *pgx.Conn, st State, tr *tracker.Tracker, term *lease.Term, faults fault.Hook, onAck func(uint64)) *Writer {
 	w := &Writer{conn: conn, st: st, tracker: tr, term: term, faults: faults, onAck: onAck, recorded: st.OffsetsLSN}
 	w.durable.Store(st.Confirmed)
+	w.lastTarget.Store(st.Confirmed)
+	w.msgRecorded.Store(st.MessagesSeen)
 	return w
 }
 
 // Confirmable is the position that may be confirmed to PostgreSQL: acked,
 // and covered by a recorded promise.
-func (w *Writer) Confirmable() uint64 { return min(w.tracker.Acked(), w.durable.Load()) }
+//
+// A message event the state row does not yet record holds it at the last
+// write's own target: the headroom would let the stream confirm past the
+// message before the write that records it (State.MessagesSeen).
+func (w *Writer) Confirmable() uint64 {
+	c := min(w.tracker.Acked(), w.durable.Load())
+	if w.messages.Load() && !w.msgRecorded.Load() {
+		c = min(c, w.lastTarget.Load())
+	}
+	return c
+}
 
 // KafkaCommitted records that Kafka committed an exactly-once position at
 // commit LSN lsn: the next write records it in the state row.
@@ -196,7 +213,7 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 		}
 		w.took(taken, rec, used)
 		w.recorded = st.OffsetsLSN
-		w.st.MessagesSeen = st.MessagesSeen
+		w.wrote(st, target)
 		w.durable.Store(target)
 		w.onAck(target)
 		return nil
@@ -216,7 +233,7 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 			}
 			w.took(taken, rec, used)
 			w.recorded = st.OffsetsLSN
-			w.st.MessagesSeen = st.MessagesSeen
+			w.wrote(st, w.lastTarget.Load())
 		}
 		w.onAck(target)
 		return nil
@@ -230,7 +247,7 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 		return err
 	}
 	w.took(taken, rec, used)
-	w.st.MessagesSeen = st.MessagesSeen
+	w.wrote(st, target)
 	if err := w.faults.At(fault.AfterPromise); err != nil {
 		return err
 	}
@@ -238,4 +255,12 @@ func (w *Writer) Write(ctx context.Context, target uint64, final bool) error {
 	w.durable.Store(st.Confirmed)
 	w.onAck(target)
 	return nil
+}
+
+// wrote keeps what a write recorded: whether messages were seen, and the
+// acked position it covered.
+func (w *Writer) wrote(st State, target uint64) {
+	w.st.MessagesSeen = st.MessagesSeen
+	w.msgRecorded.Store(st.MessagesSeen)
+	w.lastTarget.Store(target)
 }

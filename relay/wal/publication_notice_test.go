@@ -73,6 +73,9 @@ func TestMissingPublicationTranslated(t *testing.T) {
 				Message: `Replikations-Slot »standby1«, der im Parameter »synchronized_standby_slots« angegeben ist, hat keine active_pid`},
 			"standby missing": {Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "22023",
 				Message: `replication slot "standby1" specified in parameter "synchronized_standby_slots" does not exist`},
+			// A standby's slot named after the publication.
+			"standby named like it": {Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "55000",
+				Message: `replication slot "outbox_pub_standby" specified in parameter "synchronized_standby_slots" does not have active_pid`},
 		} {
 			t.Run(name, func(t *testing.T) {
 				g := newGuardStream(t, 500, nil, nil)

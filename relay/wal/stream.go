@@ -696,7 +696,10 @@ func (s *Stream) notice(m *pgproto3.NoticeResponse) error {
 	if m.SeverityUnlocalized != "WARNING" {
 		return nil
 	}
-	if strings.Contains(m.Message, "synchronized_standby_slots") && !strings.Contains(m.Message, s.Publication) {
+	// 18's skipped-publication warning never names the parameter; the
+	// standby's slot name may contain the publication's, so that is not
+	// looked at here.
+	if strings.Contains(m.Message, "synchronized_standby_slots") {
 		if s.Log != nil && time.Since(s.standbyWarned) > time.Minute {
 			s.standbyWarned = time.Now()
 			s.Log.Warn("PostgreSQL holds logical decoding back until a standby named in synchronized_standby_slots has the WAL: events wait until it does",

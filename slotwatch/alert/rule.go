@@ -314,9 +314,10 @@ func evalFailover(r *watch.Report, th Thresholds) []finding {
 		if s == nil || f.Ready && (!f.LagOK || f.LagBytes <= th.FailoverLagBytes) {
 			continue
 		}
-		fd := finding{slot: s, labels: map[string]string{"standby": f.Standby, "reason": f.Reason}, value: float64(f.LagBytes)}
+		// The reason is not a label: a copy that passes from missing to
+		// temporary to invalidated is one alert, its wait not restarted.
+		fd := finding{slot: s, labels: map[string]string{"standby": f.Standby}, value: float64(f.LagBytes)}
 		if f.Ready {
-			fd.labels["reason"] = "behind"
 			fd.summary = fmt.Sprintf("Standby %s's copy of failover slot %s is %s behind", f.Standby, f.Slot, Bytes(f.LagBytes))
 			fd.description = fmt.Sprintf("%s is synchronized to standby %s, but its copy there is %s behind the primary's (SLOTWATCH_FAILOVER_LAG_BYTES %s): "+
 				"a promotion now continues from the copy and publishes that much WAL's events again (duplicates, which consumers deduplicate by id). "+

@@ -66,7 +66,7 @@ var (
 	streamBytesDesc   = desc("slotwatch_slot_stream_bytes_total", "Bytes streamed for in-progress transactions (pg_stat_replication_slots.stream_bytes, 14+).", slotLabels)
 	decodedTxnsDesc   = desc("slotwatch_slot_decoded_txns_total", "Transactions decoded and sent to the output plugin (pg_stat_replication_slots.total_txns, 14+).", slotLabels)
 	decodedBytesDesc  = desc("slotwatch_slot_decoded_bytes_total", "Bytes of transactions decoded (pg_stat_replication_slots.total_bytes, 14+).", slotLabels)
-	failoverReadyDesc = desc("slotwatch_slot_failover_ready", "For a failover slot of a primary and each standby of it slotwatch watches (same system identifier): 1 when the standby holds a synchronized, persistent, valid copy, so that a promotion now keeps the slot; 0 with the reason (missing, temporary, not-synced, invalidated) otherwise (PostgreSQL 17+).", slotLabels, "standby", "reason")
+	failoverReadyDesc = desc("slotwatch_slot_failover_ready", "For a failover slot of a primary and each standby of it slotwatch watches (same system identifier): 1 when the standby holds a synchronized, persistent, valid copy, so that a promotion now keeps the slot; 0 otherwise (missing, temporary, not-synced or invalidated: SlotNotFailoverReady and /slots say which; not a label, so that a copy passing through several does not start new series) (PostgreSQL 17+).", slotLabels, "standby")
 	failoverLagDesc   = desc("slotwatch_slot_failover_lag_bytes", "How far the standby's copy of a failover slot is behind the primary's slot: the difference of their confirmed_flush_lsn, in bytes (never negative).", slotLabels, "standby")
 	alertsDesc        = desc("slotwatch_alerts", "Alerts slotwatch evaluates itself, 1 per pending or firing instance (like Prometheus' ALERTS).", []string{"alertname", "alertstate", "severity", "server", "slot", "database"})
 )
@@ -186,7 +186,7 @@ func collectReport(ch chan<- prometheus.Metric, r *watch.Report) {
 				continue
 			}
 			l := []string{r.Server, s.Name, s.Database, s.Plugin, s.Type, f.Standby}
-			gauge(ch, failoverReadyDesc, b2f(f.Ready), append(l, f.Reason)...)
+			gauge(ch, failoverReadyDesc, b2f(f.Ready), l...)
 			if f.LagOK {
 				gauge(ch, failoverLagDesc, float64(f.LagBytes), l...)
 			}
