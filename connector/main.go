@@ -185,16 +185,27 @@ func handler(r *relay.Relay, m *metrics.Metrics) http.Handler {
 	return mux
 }
 
-// redriveCmd re-publishes dead letters with the current settings.
-func redriveCmd(ctx context.Context, cfg config.Config, from, group string, log *slog.Logger, stdout io.Writer) error {
+// publisher is the router and the (idempotent) producer client of the
+// commands that publish outside the connector's session: redrive and
+// backfill.
+func publisher(ctx context.Context, cfg config.Config, log *slog.Logger) (*route.Router, *kgo.Client, error) {
 	router, err := route.NewContext(ctx, cfg.Route)
 	if err != nil {
-		return fmt.Errorf("router settings: %w", err)
+		return nil, nil, fmt.Errorf("router settings: %w", err)
 	}
 	opts := append(cfg.Kafka.Opts(log), publish.ClientOpts(cfg.MaxInFlight, cfg.MaxMessageBytes, cfg.Compression, cfg.Linger)...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return fmt.Errorf("Kafka client settings (OUTBOX_KAFKA_*): %w", err)
+		return nil, nil, fmt.Errorf("Kafka client settings (OUTBOX_KAFKA_*): %w", err)
+	}
+	return router, cl, nil
+}
+
+// redriveCmd re-publishes dead letters with the current settings.
+func redriveCmd(ctx context.Context, cfg config.Config, from, group string, log *slog.Logger, stdout io.Writer) error {
+	router, cl, err := publisher(ctx, cfg, log)
+	if err != nil {
+		return err
 	}
 	defer cl.Close()
 	rd := &redrive.Redriver{Router: router, Client: cl, MaxMessageBytes: cfg.MaxMessageBytes, Log: log.With("component", "redrive")}
@@ -275,14 +286,9 @@ func backfillCmd(ctx context.Context, cfg config.Config, f backfillFlags, log *s
 	if f.batch < 1 || f.batch > 100000 {
 		return fmt.Errorf("connector backfill -batch %d: want 1 to 100000", f.batch)
 	}
-	router, err := route.NewContext(ctx, cfg.Route)
+	router, cl, err := publisher(ctx, cfg, log)
 	if err != nil {
-		return fmt.Errorf("router settings: %w", err)
-	}
-	opts := append(cfg.Kafka.Opts(log), publish.ClientOpts(cfg.MaxInFlight, cfg.MaxMessageBytes, cfg.Compression, cfg.Linger)...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("Kafka client settings (OUTBOX_KAFKA_*): %w", err)
+		return err
 	}
 	defer cl.Close()
 	pool, err := pgxpool.New(ctx, cfg.PGDSN)

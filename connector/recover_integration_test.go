@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"math/rand"
 	"strings"
@@ -24,7 +23,6 @@ func TestRecoverCommand(t *testing.T) {
 	pg := testenv.StartPostgres(t, testenv.PGOptions{Settings: map[string]string{"max_slot_wal_keep_size": "32MB"}})
 	brokers := testenv.SharedKafka(t)
 	bin := testenv.Binary(t, "connector")
-	ctx := context.Background()
 	conn := pg.Conn(t, "outbox")
 	aggType := fmt.Sprintf("recover%d", time.Now().UnixNano()%1e9)
 	c := testenv.StartConsumer(t, brokers, "outbox.event."+aggType)
@@ -39,26 +37,7 @@ func TestRecoverCommand(t *testing.T) {
 	p.Wait(t, 10*time.Second)
 
 	// WAL past max_slot_wal_keep_size while the connector is down.
-	if _, err := conn.Exec(ctx, "CREATE TABLE wal_filler (b text)"); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; ; i++ {
-		var status string
-		if err := conn.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'outbox_slot'").Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status == "lost" {
-			break
-		}
-		if i == 10 {
-			t.Fatalf("slot not invalidated after %d rounds of WAL (wal_status %s)", i, status)
-		}
-		for _, q := range []string{"INSERT INTO wal_filler SELECT repeat(md5(g::text), 32) FROM generate_series(1, 20000) g", "SELECT pg_switch_wal()", "CHECKPOINT"} {
-			if _, err := conn.Exec(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	testenv.InvalidateSlot(t, conn, "outbox_slot")
 
 	refused := testenv.StartProc(t, bin, env)
 	if code := refused.Wait(t, 60*time.Second); code == 0 || !strings.Contains(refused.Output(), "OUTBOX_ON_SLOT_LOSS=recover") {

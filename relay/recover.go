@@ -169,6 +169,14 @@ func (r *Relay) checkRecoverable(ctx context.Context, conn *pgx.Conn, st checkpo
 		r.cfg.Slot, since, why)
 }
 
+// checkOwnKind refuses to replace a lost slot that is not the connector's
+// kind (another plugin, type or database), as wal.CheckSlot refuses to
+// stream one; its being lost is what the caller handles.
+func checkOwnKind(info wal.SlotInfo, db string) error {
+	info.WALStatus = ""
+	return wal.CheckSlot(info, db)
+}
+
 // dropLostSlot drops the slot a recovery replaces (invalidated, or ahead
 // of the state row). An active slot is another client's: refused.
 func (r *Relay) dropLostSlot(ctx context.Context, conn *pgx.Conn, info wal.SlotInfo) error {

@@ -183,30 +183,7 @@ func loseSlot(t *testing.T, ctx context.Context, conn *pgx.Conn, how string) {
 			t.Fatal(err)
 		}
 	case "invalidated":
-		if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS wal_filler (b text)"); err != nil {
-			t.Fatal(err)
-		}
-		for i := 0; ; i++ {
-			var status string
-			if err := conn.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'outbox_slot'").Scan(&status); err != nil {
-				t.Fatal(err)
-			}
-			if status == "lost" {
-				t.Logf("slot invalidated after %d rounds of WAL", i)
-				return
-			}
-			if i == 10 {
-				t.Fatalf("slot not invalidated after %d rounds of WAL (wal_status %q)", i, status)
-			}
-			for _, q := range []string{
-				"INSERT INTO wal_filler SELECT repeat(md5(g::text), 32) FROM generate_series(1, 20000) g",
-				"SELECT pg_switch_wal()", "CHECKPOINT",
-			} {
-				if _, err := conn.Exec(ctx, q); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
+		t.Logf("slot invalidated after %d rounds of WAL", testenv.InvalidateSlot(t, conn, "outbox_slot"))
 	default:
 		t.Fatalf("unknown loss %q", how)
 	}
@@ -354,27 +331,7 @@ func TestRecoverRefused(t *testing.T) {
 				if rec.relay.allowGap.Load() {
 					t.Error("-allow-gap outlived the recovery it was given for")
 				}
-				var left []testenv.Event
-				kept := map[string]bool{}
-				rows, err := conn.Query(ctx, "SELECT id::text FROM outbox")
-				if err != nil {
-					t.Fatal(err)
-				}
-				for rows.Next() {
-					var id string
-					if err := rows.Scan(&id); err != nil {
-						t.Fatal(err)
-					}
-					kept[id] = true
-				}
-				if err := rows.Err(); err != nil {
-					t.Fatal(err)
-				}
-				for _, e := range w.Events {
-					if kept[e.ID] {
-						left = append(left, e)
-					}
-				}
+				left := heldBy(t, conn, w.Events)
 				if len(left) < 100 {
 					t.Fatalf("%d rows left in the table; want at least the 100 of the window", len(left))
 				}
@@ -547,27 +504,7 @@ func runFailover(t *testing.T, brokers string, primary, standby *testenv.Postgre
 	time.Sleep(time.Second)
 	written := load.Halt()
 	conn := standby.Conn(t, "outbox")
-	held := map[string]bool{}
-	rows, err := conn.Query(context.Background(), "SELECT id::text FROM outbox WHERE aggregatetype = $1", aggType)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		held[id] = true
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	var want []testenv.Event
-	for _, e := range written {
-		if held[e.ID] {
-			want = append(want, e)
-		}
-	}
+	want := heldBy(t, conn, written)
 	c.WaitFor(t, want, 120*time.Second)
 	if got := metricValue(t, run, "outbox_connector_slot_recoveries_total"); got != recoveries {
 		t.Errorf("outbox_connector_slot_recoveries_total = %q after the failover, want %q", got, recoveries)
@@ -621,4 +558,29 @@ func waitSynced(t *testing.T, standby *testenv.Postgres) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// heldBy returns the events of evs whose rows the outbox table on conn
+// holds, in their order.
+func heldBy(t *testing.T, conn *pgx.Conn, evs []testenv.Event) []testenv.Event {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), "SELECT id::text FROM outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		held[id] = true
+	}
+	var out []testenv.Event
+	for _, e := range evs {
+		if held[e.ID] {
+			out = append(out, e)
+		}
+	}
+	return out
 }

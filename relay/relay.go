@@ -515,11 +515,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 	}
 	if how := slotLost(exists, info, st, hasState, creating, systemID); how != "" && r.cfg.OnSlotLoss == "recover" {
 		if exists {
-			// Only the connector's own kind of slot is replaced: one of
-			// another plugin or database is refused as always.
-			own := info
-			own.WALStatus = ""
-			if err := wal.CheckSlot(own, db); err != nil {
+			if err := checkOwnKind(info, db); err != nil {
 				return 0, st, nil, err
 			}
 		}
@@ -542,9 +538,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 	if exists && info.WALStatus == "lost" && r.cfg.AcceptSlotReset && r.cfg.OnSlotLoss != "recover" {
 		// The operator published the gap's events some other way and
 		// accepts the reset: the invalidated slot is replaced.
-		own := info
-		own.WALStatus = ""
-		if err := wal.CheckSlot(own, db); err != nil {
+		if err := checkOwnKind(info, db); err != nil {
 			return 0, st, nil, err
 		}
 		if err := r.dropLostSlot(ctx, conn, info); err != nil {

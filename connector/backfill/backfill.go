@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
 	"github.com/pgoutbox/pgoutbox/route"
 	schema "github.com/pgoutbox/pgoutbox/sql"
@@ -75,14 +76,16 @@ func DefaultName(s Selection) string {
 	return "backfill-" + hex.EncodeToString(h[:6])
 }
 
+// column names a column of the outbox table, aliased t, as SQL spells it.
+func column(c string) string { return "t." + pgx.Identifier{c}.Sanitize() }
+
 // where is the selection's condition, with its parameters.
 func (s Selection) where() (string, []any) {
-	q := func(c string) string { return "t." + pgx.Identifier{c}.Sanitize() }
-	conds := []string{q(s.TimeColumn) + " >= $1", q(s.TimeColumn) + " < $2"}
+	conds := []string{column(s.TimeColumn) + " >= $1", column(s.TimeColumn) + " < $2"}
 	args := []any{s.From, s.To}
 	if s.AggregateType != "" {
 		args = append(args, s.AggregateType)
-		conds = append(conds, fmt.Sprintf("%s = $%d", q(s.TypeColumn), len(args)))
+		conds = append(conds, fmt.Sprintf("%s = $%d", column(s.TypeColumn), len(args)))
 	}
 	if s.Where != "" {
 		conds = append(conds, "("+s.Where+")")
@@ -213,7 +216,6 @@ func (b *Backfiller) Run(ctx context.Context, name string, sel Selection) (Resul
 	if err != nil {
 		return res, err
 	}
-	q := func(c string) string { return "t." + pgx.Identifier{c}.Sanitize() }
 	var seqCol string
 	if err := b.Pool.QueryRow(ctx, queryOrderColumn, tbl).Scan(&seqCol); err != nil {
 		return res, fmt.Errorf("inspect %s for the backfill's order: %w", tbl, err)
@@ -222,7 +224,7 @@ func (b *Backfiller) Run(ctx context.Context, name string, sel Selection) (Resul
 	// column (exact per aggregate), else the time column and the id (the
 	// events of one transaction share their created_at, and come out in id
 	// order then: not the order they were written in; the README says so).
-	keyName, idCol := sel.TimeColumn, q(sel.IDColumn)
+	keyName, idCol := sel.TimeColumn, column(sel.IDColumn)
 	if seqCol != "" {
 		keyName = seqCol
 	}
@@ -230,7 +232,7 @@ func (b *Backfiller) Run(ctx context.Context, name string, sel Selection) (Resul
 	if err := b.Pool.QueryRow(ctx, queryColumnType, tbl, keyName).Scan(&keyType); err != nil {
 		return res, fmt.Errorf("look up column %q of %s: %w", keyName, tbl, err)
 	}
-	keyCol := q(keyName)
+	keyCol := column(keyName)
 	started, startDone := time.Now(), res.Done
 	lastPrint := time.Now()
 	report := func(final bool) {
@@ -331,7 +333,7 @@ func (b *Backfiller) batch(ctx context.Context, sql string, args []any, infos ma
 	var first error
 	for _, r := range b.Client.ProduceSync(ctx, recs...) {
 		if r.Err != nil {
-			failed = append(failed, r.Record.Topic+" id "+header(r.Record, "id"))
+			failed = append(failed, r.Record.Topic+" id "+inbox.Header(r.Record, "id"))
 			first = cmp.Or(first, r.Err)
 		}
 	}
@@ -380,14 +382,4 @@ func ensureTable(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	return nil
-}
-
-// header is a record header's value.
-func header(r *kgo.Record, key string) string {
-	for _, h := range r.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }

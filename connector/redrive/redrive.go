@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/pglsn"
 	"github.com/pgoutbox/pgoutbox/route"
 )
@@ -243,16 +244,16 @@ func (r *Redriver) FromTopic(ctx context.Context, opts []kgo.Opt, topic, group s
 				}
 				return
 			}
-			row, err := rowFrom(rec.Value, []byte(header(rec, "column.types")))
+			row, err := rowFrom(rec.Value, []byte(inbox.Header(rec, "column.types")))
 			if err == nil {
-				row.Source.LSN = parseLSN(header(rec, "source.lsn"))
+				row.Source.LSN = parseLSN(inbox.Header(rec, "source.lsn"))
 				err = r.publish(ctx, row)
 			}
 			if err != nil {
 				res.Failed++
 				stopped[rec.Partition] = true
 				delete(remaining, rec.Partition)
-				r.Log.Warn("dead letter still cannot be published; stopping this partition here", "id", header(rec, "id"), "partition", rec.Partition, "offset", rec.Offset, "err", err)
+				r.Log.Warn("dead letter still cannot be published; stopping this partition here", "id", inbox.Header(rec, "id"), "partition", rec.Partition, "offset", rec.Offset, "err", err)
 				return
 			}
 			res.Published++
@@ -265,15 +266,6 @@ func (r *Redriver) FromTopic(ctx context.Context, opts []kgo.Opt, topic, group s
 		})
 	}
 	return res, nil
-}
-
-func header(r *kgo.Record, key string) string {
-	for _, h := range r.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }
 
 func parseLSN(s string) uint64 {

@@ -84,3 +84,35 @@ func (pg *Postgres) StartStandby(t testing.TB, settings map[string]string) *Post
 	t.Logf("standby of 127.0.0.1:%d on 127.0.0.1:%d (%s)", pg.Port, sb.Port, sb.Dir)
 	return &Postgres{sb}
 }
+
+// InvalidateSlot pushes WAL past max_slot_wal_keep_size (which the cluster
+// must set small, e.g. 32MB) and checkpoints until the stopped consumer's
+// slot is invalidated (wal_status lost), failing the test after ten rounds.
+// It returns the rounds it took.
+func InvalidateSlot(t testing.TB, conn *pgx.Conn, slot string) int {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS wal_filler (b text)"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		var status string
+		if err := conn.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&status); err != nil {
+			t.Fatalf("read slot %s: %v", slot, err)
+		}
+		if status == "lost" {
+			return i
+		}
+		if i == 10 {
+			t.Fatalf("slot %s not invalidated after %d rounds of WAL (wal_status %q): is max_slot_wal_keep_size small?", slot, i, status)
+		}
+		for _, q := range []string{
+			"INSERT INTO wal_filler SELECT repeat(md5(g::text), 32) FROM generate_series(1, 20000) g",
+			"SELECT pg_switch_wal()", "CHECKPOINT",
+		} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
