@@ -267,3 +267,22 @@ func (c *topicCache) put(v string, e topicEntry) {
 	}
 	c.mu.Unlock()
 }
+
+// TopicOf returns the function that maps a route.by.field value to its
+// topic under cfg's route.topic.regex and route.topic.replacement, as Route
+// does, without the rest of a router (no schema registry): for the tools
+// that only need to know where an event should be, such as slotwatch's
+// canary and audit.
+func TopicOf(cfg Config) (func(value string) (string, error), error) {
+	rule, err := compileTopicRule(cfg.TopicRegex, cfg.TopicReplacement)
+	if err != nil {
+		return nil, err
+	}
+	return func(v string) (string, error) {
+		t := rule.apply(v)
+		if err := ValidTopic(t); err != nil {
+			return t, err
+		}
+		return t, nil
+	}, nil
+}

@@ -28,6 +28,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/slotwatch/alert"
 	"github.com/pgoutbox/pgoutbox/slotwatch/config"
 	"github.com/pgoutbox/pgoutbox/slotwatch/metric"
+	"github.com/pgoutbox/pgoutbox/slotwatch/pipeline"
 	"github.com/pgoutbox/pgoutbox/slotwatch/watch"
 	"github.com/pgoutbox/pgoutbox/slotwatch/web"
 )
@@ -49,6 +50,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return errors.New("usage: slotwatch probe URL")
 		}
 		return probe.Run(ctx, args[1])
+	}
+	if len(args) > 0 && args[0] == "audit" {
+		return auditCmd(ctx, args[1:], getenv, stdout, stderr)
 	}
 	cfg, err := config.Parse(args, getenv, stdout)
 	if err != nil {
@@ -100,6 +104,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	reg.MustRegister(metric.New(watcher.Reports, engine.Active))
 
+	var pipe *pipeline.Watch
+	if cfg.Outbox.Enabled() {
+		if pipe, err = newPipeline(ctx, cfg, engine.Observe, reg, log.With("component", "pipeline")); err != nil {
+			return err
+		}
+		defer pipe.Close()
+	}
+
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("SLOTWATCH_LISTEN: cannot listen on %s: %w", cfg.Listen, err)
@@ -134,6 +146,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error { return engine.Run(gctx) })
+	if pipe != nil {
+		g.Go(func() error { return pipe.Run(gctx) })
+	}
 	g.Go(func() error {
 		return webconfig.Serve(ln, srv, "SLOTWATCH_WEB_CONFIG", cfg.WebConfig, log.With("component", "web"))
 	})

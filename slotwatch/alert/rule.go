@@ -23,6 +23,8 @@ const (
 	RiskyConfiguration        = "RiskyConfiguration"
 	DatabaseUnreachable       = "DatabaseUnreachable"
 	SlotNotFailoverReady      = "SlotNotFailoverReady"
+	PipelineStalled           = "PipelineStalled"
+	EventsMissing             = "EventsMissing"
 )
 
 // Severities (the severity label).
@@ -90,6 +92,10 @@ func Rules() []Rule {
 			Condition: "slotwatch_up == 0: slotwatch cannot query the server", eval: evalUnreachable},
 		{Name: SlotNotFailoverReady, Severity: Warning, For: 2 * time.Minute,
 			Condition: "slotwatch_slot_failover_ready == 0, or slotwatch_slot_failover_lag_bytes > SLOTWATCH_FAILOVER_LAG_BYTES: a promotion of that standby now would lose the failover slot, or publish again that much", eval: evalFailover},
+		{Name: PipelineStalled, Severity: Critical, For: 0,
+			Condition: "slotwatch_canary_age_seconds > SLOTWATCH_CANARY_TIMEOUT: no canary event went from a commit to Kafka in that time", eval: evalStalled},
+		{Name: EventsMissing, Severity: Critical, For: 0,
+			Condition: "slotwatch_audit_missing_events > 0: committed events older than SLOTWATCH_AUDIT_GRACE are not in Kafka", eval: evalMissing},
 	}
 }
 
@@ -381,4 +387,38 @@ func Duration(sec float64) string {
 		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
 	}
 	return fmt.Sprintf("%.1fd", d.Hours()/24)
+}
+
+// evalStalled: no canary made it from a commit to Kafka within the timeout.
+func evalStalled(r *watch.Report, _ Thresholds) []finding {
+	p := r.Pipeline
+	if p == nil || !p.Canary || p.CanaryAge <= p.CanaryTimeout {
+		return nil
+	}
+	cause := ""
+	if p.CanaryErr != "" {
+		cause = " The canary's last error: " + p.CanaryErr + "."
+	}
+	return []finding{{
+		value:   p.CanaryAge.Seconds(),
+		summary: fmt.Sprintf("No canary event reached Kafka for %s", p.CanaryAge.Round(time.Second)),
+		description: fmt.Sprintf("slotwatch commits a canary outbox event every SLOTWATCH_CANARY_INTERVAL and reads it back from Kafka; none arrived for %s (timeout %s). "+
+			"Events written now are not being delivered: check that the connector runs and is the leader (its /readyz and logs), that its slot is active, "+
+			"that the publication includes the outbox table, and that Kafka accepts its writes.%s", p.CanaryAge.Round(time.Second), p.CanaryTimeout, cause),
+	}}
+}
+
+// evalMissing: the audit found committed events that are not in Kafka.
+func evalMissing(r *watch.Report, _ Thresholds) []finding {
+	p := r.Pipeline
+	if p == nil || !p.Audited || p.Missing == 0 {
+		return nil
+	}
+	return []finding{{
+		value:   float64(p.Missing),
+		summary: fmt.Sprintf("%d committed events are not in Kafka", p.Missing),
+		description: fmt.Sprintf("The audit of %s found %d events in the outbox table that are on no routed topic and not dead-lettered, past the grace period (first: %s). "+
+			"List them with `slotwatch audit -since … -until …`; publish them again with `connector backfill -from … -to …` once the cause is fixed "+
+			"(a slot advanced or recreated by hand, OUTBOX_ACCEPT_SLOT_RESET, a deleted topic).", p.Window, p.Missing, strings.Join(p.Sample, ", ")),
+	}}
 }

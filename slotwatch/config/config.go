@@ -112,6 +112,10 @@ type Config struct {
 	// generatorURL of alerts (SLOTWATCH_EXTERNAL_URL, default http://<listen>/).
 	ExternalURL string
 
+	// Outbox is the end-to-end watch (canary and audit), off unless
+	// SLOTWATCH_OUTBOX_DSN is set.
+	Outbox Outbox
+
 	// Log is SLOTWATCH_LOG_LEVEL and SLOTWATCH_LOG_FORMAT.
 	Log cli.Log
 
@@ -142,6 +146,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.Secret(&c.AlertmanagerURL, "alertmanager-url", "SLOTWATCH_ALERTMANAGER_URL", "Alertmanager base URLs, comma-separated (alerts go to <url>/api/v2/alerts)")
 	b.Duration(&c.AlertmanagerResend, "alertmanager-resend", "SLOTWATCH_ALERTMANAGER_RESEND", DefaultAlertmanagerResend, "how often firing alerts are re-sent to Alertmanager")
 	b.String(&c.ExternalURL, "external-url", "SLOTWATCH_EXTERNAL_URL", "", "URL of this slotwatch, used as the alerts' generatorURL (default http://<listen>/)")
+	c.Outbox.Bind(b)
 	c.Log.Bind(b, "SLOTWATCH")
 	c.envs = b.EnvVars()
 	return b
@@ -243,6 +248,9 @@ func (c *Config) Validate() error {
 		if err := checkHTTPURL(c.ExternalURL); err != nil {
 			errs = append(errs, fmt.Errorf("SLOTWATCH_EXTERNAL_URL: %w", err))
 		}
+	}
+	if err := c.Outbox.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, err)

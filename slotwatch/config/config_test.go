@@ -192,9 +192,12 @@ func TestEnvVars(t *testing.T) {
 	if !slices.IsSorted(got) {
 		t.Errorf("EnvVars() not sorted: %v", got)
 	}
+	// Besides its own, slotwatch reads the connector's Kafka, table,
+	// dead-letter topic and routing settings, for the end-to-end watch.
 	for _, v := range got {
-		if !strings.HasPrefix(v, "SLOTWATCH_") {
-			t.Errorf("%s is not a SLOTWATCH_ variable", v)
+		if !strings.HasPrefix(v, "SLOTWATCH_") && !strings.HasPrefix(v, "OUTBOX_KAFKA_") && !strings.HasPrefix(v, "OUTBOX_ROUTE_") &&
+			v != "OUTBOX_TABLE" && v != "OUTBOX_DLQ_TOPIC" {
+			t.Errorf("%s is neither a SLOTWATCH_ variable nor a shared one", v)
 		}
 	}
 }

@@ -43,6 +43,32 @@ type Report struct {
 	// Failover is, on a primary, the readiness of each failover slot on
 	// each standby of it that slotwatch watches (failover.go).
 	Failover []FailoverReport `json:"failover,omitempty"`
+	// Pipeline is set on the end-to-end watch's own report (server
+	// "pipeline"), never on a server's.
+	Pipeline *Pipeline `json:"pipeline,omitempty"`
+}
+
+// PipelineServer is the server label of the end-to-end watch's report and
+// alerts: they are about the pipeline, not one server.
+const PipelineServer = "pipeline"
+
+// Pipeline is the end-to-end watch's state: the canary and the audit.
+type Pipeline struct {
+	// Canary is true when the canary runs. CanaryAge is the time since the
+	// newest canary arrived from Kafka (since the canary started, before
+	// the first); CanaryTimeout is SLOTWATCH_CANARY_TIMEOUT; CanaryErr is
+	// the last error writing or reading one, if any.
+	Canary        bool          `json:"canary"`
+	CanaryAge     time.Duration `json:"canary_age"`
+	CanaryTimeout time.Duration `json:"canary_timeout"`
+	CanaryErr     string        `json:"canary_error,omitempty"`
+	// Audited is true once an audit round finished; Missing counts the
+	// events its last round found missing past the grace period, Sample
+	// names the first of them, Window is the round's window.
+	Audited bool     `json:"audited"`
+	Missing int64    `json:"missing"`
+	Sample  []string `json:"missing_sample,omitempty"`
+	Window  string   `json:"audit_window,omitempty"`
 }
 
 // SlotReport is one slot with the figures slotwatch derives for it.

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/route"
+	"github.com/pgoutbox/pgoutbox/slotwatch/audit"
+	"github.com/pgoutbox/pgoutbox/slotwatch/config"
+)
+
+// auditMemoryLimit is the audit's soft memory limit (GOMEMLIMIT overrides).
+const auditMemoryLimit = 32 << 20
+
+// errMissing makes `slotwatch audit` exit 1 after its report.
+var errMissing = errors.New("events are missing")
+
+// auditCmd is `slotwatch audit -since TIME [-until TIME]`: one audit of a
+// window, one line per missing event, a summary, exit 1 when any is
+// missing.
+func auditCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("slotwatch audit", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	b := iconfig.NewBinder(fs, getenv)
+	var o config.Outbox
+	o.Bind(b)
+	var since, until, table, idCol, timeCol, aggType, match string
+	var chunk int
+	fs.StringVar(&since, "since", "", "start of the window (RFC 3339, e.g. 2026-12-04T10:00:00Z); required")
+	fs.StringVar(&until, "until", "", "end of the window (RFC 3339; default now − the grace period)")
+	fs.StringVar(&table, "table", "", "table to audit (default OUTBOX_TABLE); a service's own table for a dual write")
+	fs.StringVar(&idCol, "id-column", "", "column matched against Kafka (default the router's table.field.event.id, id)")
+	fs.StringVar(&timeCol, "time-column", "created_at", "timestamptz column that bounds the window")
+	fs.StringVar(&aggType, "aggregate-type", "", "every row's aggregate type, for a table without one (default: the router's route.by.field column)")
+	fs.StringVar(&match, "match", string(audit.MatchHeader), "where records carry the id: header (the router's id header) or key")
+	fs.IntVar(&chunk, "sort-chunk", audit.DefaultChunkSize, "ids per chunk of the external sort: memory grows with it, open spill files with the window divided by it")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: slotwatch audit -since TIME [-until TIME] [flags]\n\nReports every event committed in the window that is not in Kafka: one line \"missing <id> …\" each, then a summary; exit 1 when any is missing.\nIt reads SLOTWATCH_OUTBOX_DSN, OUTBOX_KAFKA_*, OUTBOX_TABLE, OUTBOX_DLQ_TOPIC and OUTBOX_ROUTE_* as slotwatch does.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("audit: unexpected arguments %q", fs.Args())
+	}
+	if err := b.Err(); err != nil {
+		return err
+	}
+	if !o.Enabled() {
+		return errors.New("audit: SLOTWATCH_OUTBOX_DSN: missing; set it to the outbox's database (role outbox_watch, sql/006_watch.sql)")
+	}
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if since == "" {
+		return errors.New("audit: -since is required (RFC 3339, e.g. 2026-12-04T10:00:00Z)")
+	}
+	opts := audit.Options{Grace: o.AuditGrace, Skew: time.Minute, ChunkSize: chunk, DLQTopic: o.DLQTopic, Match: audit.Match(match)}
+	var err error
+	if opts.Since, err = time.Parse(time.RFC3339Nano, since); err != nil {
+		return fmt.Errorf("audit: -since %q is not an RFC 3339 time such as 2026-12-04T10:00:00Z", since)
+	}
+	if until != "" {
+		if opts.Until, err = time.Parse(time.RFC3339Nano, until); err != nil {
+			return fmt.Errorf("audit: -until %q is not an RFC 3339 time such as 2026-12-04T11:00:00Z", until)
+		}
+		if !opts.Until.After(opts.Since) {
+			return errors.New("audit: -until must be after -since")
+		}
+	}
+	if opts.Match != audit.MatchHeader && opts.Match != audit.MatchKey {
+		return fmt.Errorf("audit: -match %q: use header or key", match)
+	}
+	src, err := source(o, table, idCol, timeCol, aggType)
+	if err != nil {
+		return err
+	}
+	opts.Source = src
+	if opts.Topic, err = route.TopicOf(o.Route); err != nil {
+		return fmt.Errorf("audit: routing (OUTBOX_ROUTE_*): %w", err)
+	}
+	opts.OnMissing = func(m audit.Missing) { fmt.Fprintln(stdout, m.String()) }
+	opts.OnDuplicate = func(id string, n int) { fmt.Fprintf(stdout, "duplicate %s copies=%d\n", id, n) }
+
+	db, err := pgxpool.New(ctx, o.DSN)
+	if err != nil {
+		return fmt.Errorf("audit: SLOTWATCH_OUTBOX_DSN: %w", err)
+	}
+	defer db.Close()
+	cl, err := kgo.NewClient(append(o.Kafka.Opts(nil), audit.ClientOpts()...)...)
+	if err != nil {
+		return fmt.Errorf("audit: Kafka client: %w", err)
+	}
+	defer cl.Close()
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// The audit's live memory is small and bounded (a few sort chunks
+		// and one fetch), but it allocates a record per event read; a soft
+		// limit makes the collector return that garbage before the heap
+		// doubles, so the resident set stays near the live size.
+		debug.SetMemoryLimit(auditMemoryLimit)
+	}
+	res, err := audit.Run(ctx, db, cl, opts)
+	if err != nil {
+		return fmt.Errorf("audit: %w (nothing was judged; fix the cause and run it again)", err)
+	}
+	fmt.Fprintln(stdout, res.Summary())
+	if res.Missing > 0 {
+		return fmt.Errorf("%w: %d of %d", errMissing, res.Missing, res.Audited)
+	}
+	return nil
+}
+
+// source is the table side of an audit: the outbox with the router's
+// column names, or the table and columns the flags name.
+func source(o config.Outbox, table, idCol, timeCol, aggType string) (audit.Source, error) {
+	if table == "" {
+		table = o.Table
+	}
+	qt, err := (&config.Outbox{Table: table}).QuotedTable()
+	if err != nil {
+		return audit.Source{}, err
+	}
+	if idCol == "" {
+		idCol = o.Route.FieldEventID
+	}
+	ident := func(c string) string { return pgx.Identifier{c}.Sanitize() }
+	s := audit.Source{Table: qt, IDColumn: ident(idCol), TimeColumn: ident(timeCol)}
+	if aggType != "" {
+		s.AggregateType = aggType
+		s.KeyColumn = ident(idCol)
+	} else {
+		s.RouteColumn = ident(o.Route.RouteByField)
+		s.KeyColumn = ident(o.Route.FieldEventKey)
+	}
+	return s, nil
+}

@@ -1,0 +1,225 @@
+// Package pipeline is slotwatch's end-to-end watch of the outbox pipeline:
+// a canary event committed through the outbox and read back from Kafka,
+// which proves events flow now, and a continuous audit of the table against
+// the topics, which finds every event that did not. The connector's own
+// metrics cannot prove delivery: a wedged relay, a wrong publication, a
+// skipped window or a deleted topic all look healthy from inside it.
+package pipeline
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
+)
+
+// CanaryAggregateType is the canary's aggregate type: its events go to
+// their own topic (outbox.event.__canary with the default routing), which
+// no consumer of real topics reads.
+const CanaryAggregateType = "__canary"
+
+// canaryRetention: canary rows older than this are deleted from the table.
+const canaryRetention = time.Hour
+
+// CanaryOptions configures the canary.
+type CanaryOptions struct {
+	// DB writes the canaries (role outbox_watch).
+	DB *pgxpool.Pool
+	// Writer writes them as the services do (the outbox table).
+	Writer *outbox.Writer
+	// Topic is where the canary's aggregate type routes.
+	Topic string
+	// Kafka are the client options of the connection (OUTBOX_KAFKA_*).
+	Kafka []kgo.Opt
+	// Interval and Timeout are SLOTWATCH_CANARY_INTERVAL and _TIMEOUT.
+	Interval, Timeout time.Duration
+	Log               *slog.Logger
+	Metrics           *Metrics
+}
+
+// Canary commits an event every Interval and reads it back from Kafka
+// (read_committed): the time from the commit returning to the record
+// arriving is the latency the pipeline gives events now.
+type Canary struct {
+	o        CanaryOptions
+	instance string // the canaries' aggregate id: this process's only
+
+	mu       sync.Mutex
+	started  time.Time
+	lastSeen time.Time
+	lastErr  string
+	sent     map[string]time.Time // id → when its commit returned
+}
+
+// NewCanary returns a canary; Run starts it.
+func NewCanary(o CanaryOptions) *Canary {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return &Canary{o: o, instance: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b)), sent: map[string]time.Time{}}
+}
+
+// Status is the canary's part of the pipeline report.
+func (c *Canary) Status(now time.Time) (age time.Duration, lastErr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	since := c.lastSeen
+	if since.IsZero() {
+		since = c.started
+	}
+	if since.IsZero() {
+		return 0, c.lastErr
+	}
+	return now.Sub(since), c.lastErr
+}
+
+// Run writes and reads canaries until ctx ends.
+func (c *Canary) Run(ctx context.Context) error {
+	start := time.Now()
+	c.mu.Lock()
+	c.started = start
+	c.mu.Unlock()
+	c.o.Metrics.canaryTimeout.Set(c.o.Timeout.Seconds())
+
+	// Consume from a little before the start, so that the first canaries
+	// are read even when the topic is created by their own publication;
+	// canaries of other processes or of earlier runs are skipped by key.
+	opts := append([]kgo.Opt{
+		kgo.ConsumeTopics(c.o.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(start.Add(-time.Minute).UnixMilli())),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.MetadataMinAge(time.Second),
+		kgo.MetadataMaxAge(10 * time.Second),
+		kgo.FetchMaxWait(time.Second),
+	}, c.o.Kafka...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("canary: Kafka client: %w", err)
+	}
+	defer cl.Close()
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.read(ctx, cl)
+	}()
+	c.write(ctx)
+	wg.Wait()
+	return nil
+}
+
+func (c *Canary) write(ctx context.Context) {
+	t := time.NewTicker(c.o.Interval)
+	defer t.Stop()
+	lastClean := time.Time{}
+	for seq := int64(1); ; seq++ {
+		wctx, cancel := context.WithTimeout(ctx, c.o.Interval)
+		err := c.writeOne(wctx, seq)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		if err != nil {
+			c.lastErr = "write: " + err.Error()
+			c.o.Metrics.canaryErrors.WithLabelValues("write").Inc()
+			c.o.Log.Warn("canary: cannot commit a canary event; PipelineStalled fires if this lasts", "err", err)
+		} else if strings.HasPrefix(c.lastErr, "write:") {
+			c.lastErr = ""
+		}
+		// Forget canaries that never arrived, once they are long overdue.
+		for id, at := range c.sent {
+			if time.Since(at) > 2*c.o.Timeout {
+				delete(c.sent, id)
+			}
+		}
+		c.mu.Unlock()
+		if time.Since(lastClean) > time.Minute {
+			lastClean = time.Now()
+			if _, err := c.o.DB.Exec(ctx, `SELECT outbox_delete_canaries($1)`, canaryRetention); err != nil && ctx.Err() == nil {
+				c.o.Log.Warn("canary: cannot delete old canary rows (grant EXECUTE on outbox_delete_canaries, sql/006_watch.sql)", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// writeOne commits one canary in its own transaction, as a service would.
+func (c *Canary) writeOne(ctx context.Context, seq int64) error {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	err = pgx.BeginFunc(ctx, c.o.DB, func(tx pgx.Tx) error {
+		_, err := c.o.Writer.Write(ctx, tx, outbox.Event{
+			ID: id, AggregateType: CanaryAggregateType, AggregateID: c.instance, Type: "Canary",
+			Payload: map[string]any{"instance": c.instance, "seq": seq},
+		})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.sent[id.String()] = time.Now()
+	c.mu.Unlock()
+	c.o.Metrics.canarySent.Inc()
+	return nil
+}
+
+func (c *Canary) read(ctx context.Context, cl *kgo.Client) {
+	for {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now()
+		fs.EachError(func(t string, p int32, err error) {
+			c.mu.Lock()
+			c.lastErr = fmt.Sprintf("read %s[%d]: %v", t, p, err)
+			c.mu.Unlock()
+			c.o.Metrics.canaryErrors.WithLabelValues("read").Inc()
+			c.o.Log.Warn("canary: cannot read the canary topic", "topic", t, "partition", p, "err", err)
+		})
+		fs.EachRecord(func(r *kgo.Record) {
+			if string(r.Key) != c.instance {
+				return
+			}
+			id := ""
+			for _, h := range r.Headers {
+				if h.Key == "id" {
+					id = string(h.Value)
+				}
+			}
+			c.mu.Lock()
+			at, ok := c.sent[id]
+			delete(c.sent, id)
+			c.lastSeen = now
+			if strings.HasPrefix(c.lastErr, "read ") {
+				c.lastErr = ""
+			}
+			c.mu.Unlock()
+			c.o.Metrics.canaryReceived.Inc()
+			if ok {
+				c.o.Metrics.canaryLatency.Observe(now.Sub(at).Seconds())
+			}
+		})
+	}
+}

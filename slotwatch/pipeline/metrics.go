@@ -1,0 +1,97 @@
+package pipeline
+
+import (
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the end-to-end watch's Prometheus metrics.
+type Metrics struct {
+	canaryLatency  prometheus.Histogram
+	canaryAge      prometheus.GaugeFunc
+	canaryTimeout  prometheus.Gauge
+	canarySent     prometheus.Counter
+	canaryReceived prometheus.Counter
+	canaryErrors   *prometheus.CounterVec
+
+	audited      prometheus.Counter
+	missing      prometheus.Gauge
+	duplicated   prometheus.Gauge
+	deadLettered prometheus.Gauge
+	runs         *prometheus.CounterVec
+	lastSuccess  prometheus.Gauge
+	duration     prometheus.Gauge
+}
+
+// NewMetrics registers the metrics on reg; age reports the canary's age
+// in seconds (slotwatch_canary_age_seconds).
+func NewMetrics(reg prometheus.Registerer, age func() float64) *Metrics {
+	m := &Metrics{
+		canaryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "slotwatch_canary_latency_seconds",
+			Help:    "Time from a canary event's commit returning to its record arriving from Kafka (read_committed).",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}),
+		canaryAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "slotwatch_canary_age_seconds",
+			Help: "Time since the newest canary event arrived from Kafka (since the canary started, before the first).",
+		}, age),
+		canaryTimeout: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "slotwatch_canary_timeout_seconds",
+			Help: "SLOTWATCH_CANARY_TIMEOUT: PipelineStalled fires when slotwatch_canary_age_seconds exceeds it.",
+		}),
+		canarySent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "slotwatch_canary_sent_total", Help: "Canary events committed.",
+		}),
+		canaryReceived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "slotwatch_canary_received_total", Help: "Canary events of this slotwatch read back from Kafka.",
+		}),
+		canaryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "slotwatch_canary_errors_total", Help: "Canary failures, by operation (write, read).",
+		}, []string{"op"}),
+		audited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "slotwatch_audit_events_total", Help: "Events judged by audit rounds (an event is judged in every round whose window holds it).",
+		}),
+		missing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "slotwatch_audit_missing_events", Help: "Events the last audit round found in the table but not in Kafka past the grace period.",
+		}),
+		duplicated: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "slotwatch_audit_duplicated_events", Help: "Events the last audit round found more than once on their topic.",
+		}),
+		deadLettered: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "slotwatch_audit_dead_lettered_events", Help: "Events the last audit round found on the dead-letter topic only.",
+		}),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "slotwatch_audit_runs_total", Help: "Audit rounds, by result (ok, error).",
+		}, []string{"result"}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "slotwatch_audit_last_success_timestamp_seconds", Help: "When the last audit round finished.",
+		}),
+		duration: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "slotwatch_audit_duration_seconds", Help: "How long the last audit round took.",
+		}),
+	}
+	m.canaryErrors.WithLabelValues("write")
+	m.canaryErrors.WithLabelValues("read")
+	m.runs.WithLabelValues("ok")
+	m.runs.WithLabelValues("error")
+	if reg != nil {
+		reg.MustRegister(m.canaryLatency, m.canaryAge, m.canaryTimeout, m.canarySent, m.canaryReceived, m.canaryErrors,
+			m.audited, m.missing, m.duplicated, m.deadLettered, m.runs, m.lastSuccess, m.duration)
+	}
+	return m
+}
+
+// Names lists the metric names, for the documentation check.
+func Names() []string {
+	reg := prometheus.NewRegistry()
+	NewMetrics(reg, func() float64 { return 0 })
+	fams, _ := reg.Gather()
+	var out []string
+	for _, f := range fams {
+		out = append(out, f.GetName())
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,155 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgoutbox/pgoutbox/slotwatch/audit"
+	"github.com/pgoutbox/pgoutbox/slotwatch/watch"
+)
+
+// Options configures the end-to-end watch.
+type Options struct {
+	// Canary is nil when the canary is off.
+	Canary *Canary
+	// Audit is the continuous audit's template (window and callbacks are
+	// filled per round); AuditInterval 0 turns it off.
+	Audit         audit.Options
+	AuditInterval time.Duration
+	AuditWindow   time.Duration
+	DB            *pgxpool.Pool
+	Kafka         []kgo.Opt
+	// Every is how often the pipeline report goes to OnReport.
+	Every    time.Duration
+	OnReport func(watch.Report)
+	Log      *slog.Logger
+	Metrics  *Metrics
+	// Close releases what Run used (the pool), after Run returned.
+	Close func()
+}
+
+// Watch runs the canary and the continuous audit and reports their state
+// to the alert engine as the report of server "pipeline".
+type Watch struct {
+	o Options
+
+	mu      sync.Mutex
+	audited bool
+	last    audit.Result
+	sample  []string
+}
+
+// New returns the watch; Run starts it.
+func New(o Options) *Watch { return &Watch{o: o} }
+
+// Report is the pipeline's report now.
+func (w *Watch) Report(now time.Time) watch.Report {
+	p := &watch.Pipeline{}
+	if c := w.o.Canary; c != nil {
+		p.Canary = true
+		p.CanaryTimeout = c.o.Timeout
+		p.CanaryAge, p.CanaryErr = c.Status(now)
+	}
+	w.mu.Lock()
+	p.Audited = w.audited
+	p.Missing = w.last.Missing
+	p.Sample = append([]string(nil), w.sample...)
+	if w.audited {
+		p.Window = fmt.Sprintf("%s to %s", w.last.Since.UTC().Format(time.RFC3339), w.last.Until.UTC().Format(time.RFC3339))
+	}
+	w.mu.Unlock()
+	return watch.Report{Server: watch.PipelineServer, Time: now, Up: true, Collected: true, Pipeline: p}
+}
+
+// Close releases the watch's resources; call it after Run returned.
+func (w *Watch) Close() {
+	if w.o.Close != nil {
+		w.o.Close()
+	}
+}
+
+// Run runs until ctx ends.
+func (w *Watch) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	if w.o.Canary != nil {
+		g.Go(func() error { return w.o.Canary.Run(gctx) })
+	}
+	if w.o.AuditInterval > 0 {
+		g.Go(func() error { return w.auditLoop(gctx) })
+	}
+	g.Go(func() error {
+		t := time.NewTicker(w.o.Every)
+		defer t.Stop()
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case now := <-t.C:
+				w.o.OnReport(w.Report(now))
+			}
+		}
+	})
+	return g.Wait()
+}
+
+func (w *Watch) auditLoop(ctx context.Context) error {
+	cl, err := kgo.NewClient(append(audit.ClientOpts(), w.o.Kafka...)...)
+	if err != nil {
+		return fmt.Errorf("audit: Kafka client: %w", err)
+	}
+	defer cl.Close()
+	t := time.NewTicker(w.o.AuditInterval)
+	defer t.Stop()
+	for {
+		w.round(ctx, cl)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// round audits the window that ends now − grace.
+func (w *Watch) round(ctx context.Context, cl *kgo.Client) {
+	o := w.o.Audit
+	now := time.Now()
+	o.Since = now.Add(-w.o.AuditWindow)
+	o.Until = now
+	var sample []string
+	o.OnMissing = func(m audit.Missing) {
+		if len(sample) < 5 {
+			sample = append(sample, m.ID)
+		}
+		w.o.Log.Warn("audit: event missing from Kafka", "id", m.ID, "aggregatetype", m.AggregateType,
+			"aggregateid", m.AggregateID, "created_at", m.CreatedAt, "topic", m.Topic)
+	}
+	res, err := audit.Run(ctx, w.o.DB, cl, o)
+	if ctx.Err() != nil {
+		return
+	}
+	m := w.o.Metrics
+	if err != nil {
+		m.runs.WithLabelValues("error").Inc()
+		w.o.Log.Warn("audit: round failed; the last round's figures stay", "err", err)
+		return
+	}
+	m.runs.WithLabelValues("ok").Inc()
+	m.audited.Add(float64(res.Audited))
+	m.missing.Set(float64(res.Missing))
+	m.duplicated.Set(float64(res.Duplicated))
+	m.deadLettered.Set(float64(res.DeadLettered))
+	m.lastSuccess.Set(float64(time.Now().UnixNano()) / 1e9)
+	m.duration.Set(res.Elapsed.Seconds())
+	w.o.Log.Debug("audit: round done", "summary", res.Summary())
+	w.mu.Lock()
+	w.audited, w.last, w.sample = true, res, sample
+	w.mu.Unlock()
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/route"
+	"github.com/pgoutbox/pgoutbox/slotwatch/audit"
+	"github.com/pgoutbox/pgoutbox/slotwatch/config"
+	"github.com/pgoutbox/pgoutbox/slotwatch/pipeline"
+	"github.com/pgoutbox/pgoutbox/slotwatch/watch"
+)
+
+// newPipeline builds the end-to-end watch: the canary and the continuous
+// audit, both off unless SLOTWATCH_OUTBOX_DSN is set.
+func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Report), reg prometheus.Registerer, log *slog.Logger) (*pipeline.Watch, error) {
+	o := cfg.Outbox
+	db, err := pgxpool.New(ctx, o.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("SLOTWATCH_OUTBOX_DSN: %w", err)
+	}
+	topicOf, err := route.TopicOf(o.Route)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("routing (OUTBOX_ROUTE_*): %w", err)
+	}
+	kopts := o.Kafka.Opts(nil) // the canary and the audit log their own failures; the client's debug lines would drown slotwatch's
+	var canary *pipeline.Canary
+	m := pipeline.NewMetrics(reg, func() float64 {
+		if canary == nil {
+			return 0
+		}
+		age, _ := canary.Status(time.Now())
+		return age.Seconds()
+	})
+	if o.CanaryInterval > 0 {
+		topic, err := topicOf(pipeline.CanaryAggregateType)
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("the canary's aggregate type %s routes to no valid topic (OUTBOX_ROUTE_*): %w", pipeline.CanaryAggregateType, err)
+		}
+		w, err := outbox.New(outbox.Config{Table: o.Table})
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("OUTBOX_TABLE: %w", err)
+		}
+		canary = pipeline.NewCanary(pipeline.CanaryOptions{
+			DB: db, Writer: w, Topic: topic, Kafka: kopts,
+			Interval: o.CanaryInterval, Timeout: o.CanaryTimeout, Log: log, Metrics: m,
+		})
+	}
+	src, err := source(o, "", "", "created_at", "")
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	every := cfg.Interval
+	if o.CanaryInterval > 0 && o.CanaryInterval < every {
+		every = o.CanaryInterval
+	}
+	log.Info("end-to-end watch on", "canary_interval", o.CanaryInterval.String(), "canary_timeout", o.CanaryTimeout.String(),
+		"audit_interval", o.AuditInterval.String(), "audit_window", o.AuditWindow.String(), "audit_grace", o.AuditGrace.String(), "table", o.Table)
+	return pipeline.New(pipeline.Options{
+		Canary: canary,
+		Audit: audit.Options{
+			Source: src, Topic: topicOf, DLQTopic: o.DLQTopic, Grace: o.AuditGrace, Skew: time.Minute,
+		},
+		AuditInterval: o.AuditInterval, AuditWindow: o.AuditWindow,
+		DB: db, Kafka: kopts, Every: every, OnReport: observe, Log: log, Metrics: m,
+		Close: db.Close,
+	}), nil
+}
