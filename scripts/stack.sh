@@ -143,13 +143,15 @@ down() {
 	if [[ ${#stopped[@]} -eq 0 ]]; then
 		echo "stack.sh: nothing was running (state in $dir)" >&2
 	else
-		echo "stack.sh: stopped $(IFS=,; echo "${stopped[*]}" | sed "s/,/ and /") (database kept in $dir; scripts/stack.sh reset removes it)" >&2
+		local kept=" (database kept in $dir; scripts/stack.sh reset removes it)"
+		[[ "${1:-}" == reset ]] && kept=""
+		echo "stack.sh: stopped $(IFS=,; echo "${stopped[*]}" | sed "s/,/ and /")$kept" >&2
 	fi
 }
 
 case "${1:-}" in
 up) up ;;
 down) down ;;
-reset) down; rm -rf "$dir"; echo "stack.sh: removed $dir" >&2 ;;
+reset) down reset; rm -rf "$dir"; echo "stack.sh: removed $dir" >&2 ;;
 *) echo "usage: stack.sh up|down|reset" >&2; exit 2 ;;
 esac
