@@ -17,7 +17,7 @@ test:
 	scripts/test.sh
 
 demo:
-	scripts/install.sh
+	@scripts/install.sh pg
 	$(GO) run ./examples/demo
 
 bench:
@@ -41,10 +41,10 @@ fmt:
 	gofmt -s -w $$(git ls-files '*.go')
 
 up:
-	scripts/stack.sh up
+	@scripts/stack.sh up
 
 down:
-	scripts/stack.sh down
+	@scripts/stack.sh down
 
 clean:
 	rm -rf bin

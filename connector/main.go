@@ -12,6 +12,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,33 +42,83 @@ func envRule() iconfig.EnvRule {
 	return iconfig.EnvRule{Prefixes: []string{"OUTBOX_"}, Others: []string{"OUTBOX_ROUTER_"}, Known: config.EnvVars()}
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "probe" {
-		if len(args) != 2 {
-			return errors.New("usage: connector probe URL")
+// command is one of the connector's subcommands; -help lists them.
+type command struct{ name, args, summary string }
+
+// commands are the connector's subcommands, run first: a command line
+// that starts with a flag, or with nothing, is run's.
+var commands = []command{
+	{"run", "[flags]", "relay committed outbox rows to Kafka, as leader or standby behind the lease (the default)"},
+	{"recover", "[-allow-gap] [flags]", "run with OUTBOX_ON_SLOT_LOSS=recover: a lost slot is replaced and the events it may not have delivered are published again from the outbox table"},
+	{"backfill", "-from TIME [-to TIME] [flags]", "publish again the outbox rows of a time range, resumably"},
+	{"redrive", "[-from table|topic] [flags]", "publish again the dead letters with the current settings"},
+	{"probe", "URL", "exit 0 when URL answers 200, else 1 (a container health check, e.g. http://127.0.0.1:9189/readyz)"},
+}
+
+// commandList is the list -help and a refusal print.
+func commandList() string {
+	var b strings.Builder
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
+	}
+	return b.String()
+}
+
+// usage is the help of the command name on fs: the commands, then the
+// flags (every setting is a flag and an environment variable).
+// envInUsage finds the variable a setting's help names.
+var envInUsage = regexp.MustCompile(`\(env (\w+)\)`)
+
+func usage(fs *flag.FlagSet, name string, w io.Writer) func() {
+	return func() {
+		var cmd command
+		for _, c := range commands {
+			if c.name == name {
+				cmd = c
+			}
 		}
-		return probe.Run(ctx, args[1])
+		fmt.Fprintf(w, "Usage: connector %s %s\n\n%s.\n\n", cmd.name, cmd.args, cmd.summary)
+		fmt.Fprintf(w, "Commands (connector with no command runs run):\n%s\n", commandList())
+		var required []string
+		fs.VisitAll(func(f *flag.Flag) {
+			if strings.HasPrefix(f.Usage, config.Required) {
+				r := "-" + f.Name
+				if m := envInUsage.FindStringSubmatch(f.Usage); m != nil {
+					r += " (" + m[1] + ")"
+				}
+				required = append(required, r)
+			}
+		})
+		fmt.Fprintf(w, "Settings of connector %s: each flag is also read from the environment variable named "+
+			"(NAME_FILE reads NAME's value from a file). Required: %s; the others have defaults.\n", name, strings.Join(required, ", "))
+		fs.PrintDefaults()
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	name := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	if !slices.ContainsFunc(commands, func(c command) bool { return c.name == name }) {
+		return cli.Usagef("unknown command %q; the commands are:\n%s(connector -help says more)", name, commandList())
+	}
+	if name == "probe" {
+		if len(args) != 1 || strings.HasPrefix(args[0], "-") {
+			return cli.Usagef("probe takes one URL: connector probe URL")
+		}
+		return probe.Run(ctx, args[0])
 	}
 	redriveFrom := ""
-	if len(args) > 0 && args[0] == "redrive" {
-		args = args[1:]
+	if name == "redrive" {
 		redriveFrom = "table"
 	}
-	// recover is the connector run with OUTBOX_ON_SLOT_LOSS=recover: when
-	// the slot is lost it is replaced, and the events that may not have
-	// been delivered are published again from the outbox table; then it
-	// streams on as usual.
-	recovering := len(args) > 0 && args[0] == "recover"
-	if recovering {
-		args = args[1:]
-	}
-	backfilling := len(args) > 0 && args[0] == "backfill"
+	recovering := name == "recover"
+	backfilling := name == "backfill"
 	var bf backfillFlags
-	if backfilling {
-		args = args[1:]
-	}
-	fs := flag.NewFlagSet("connector", flag.ContinueOnError)
+	fs := flag.NewFlagSet("connector "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = usage(fs, name, stderr)
 	var cfg config.Config
 	b := cfg.Bind(fs, getenv)
 	group := "outbox-redrive"
@@ -84,7 +137,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
-		return err
+		return &cli.UsageError{Msg: err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return cli.Usagef("unexpected %q after the flags of %s; the commands are:\n%s(a command comes first: connector COMMAND [flags])", fs.Arg(0), name, commandList())
 	}
 	if recovering {
 		cfg.OnSlotLoss, cfg.RecoverAllowGap = "recover", allowGap

@@ -101,3 +101,44 @@ func TestStartupRefusals(t *testing.T) {
 		}
 	})
 }
+
+// TestMissingTable: OUTBOX_TABLE naming a table that does not exist stops
+// the connector with that cause and what to do, in WAL and in poll mode,
+// whether or not the slot exists yet; not with a complaint about the
+// publication, which is only a consequence.
+func TestMissingTable(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	bin := testenv.Binary(t, "connector")
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"wal, no slot yet", nil, "table public.nosuch does not exist; create the outbox table (sql/001_outbox.sql"},
+		{"poll", []string{"OUTBOX_SOURCE", "poll"}, `the outbox table "public"."nosuch" does not exist; apply sql/001_outbox.sql`},
+		// The first case's refusal created no slot; make one as a run on
+		// the right table would have.
+		{"wal, slot exists", []string{"OUTBOX_SLOT", "other_slot"}, "table public.nosuch does not exist; create the outbox table"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.Contains(tc.name, "slot exists") {
+				conn := pg.Conn(t, "outbox")
+				if _, err := conn.Exec(t.Context(), "SELECT pg_create_logical_replication_slot('other_slot', 'pgoutput')"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := testenv.StartProc(t, bin, connectorEnv(pg, brokers, append([]string{"OUTBOX_TABLE", "public.nosuch"}, tc.env...)...))
+			if code := p.Wait(t, 60*time.Second); code != 1 {
+				t.Fatalf("exit %d, want 1; output:\n%s", code, tail(p.Output()))
+			}
+			out := p.Output()
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("output lacks %q:\n%s", tc.want, tail(out))
+			}
+			if strings.Contains(out, "does not include") {
+				t.Errorf("output blames the publication:\n%s", tail(out))
+			}
+		})
+	}
+}

@@ -16,6 +16,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/common.sh"
 pom="$here/kafka/pom.xml"
 version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")"
 cache="${OUTBOX_CACHE_DIR:-$HOME/.cache/pgoutbox}"
@@ -33,7 +34,7 @@ install() {
 	command -v mvn >/dev/null || die "Maven (mvn) is required to resolve Kafka from Maven Central"
 	mkdir -p "$libs"
 	echo "kafka.sh: resolving org.apache.kafka:kafka_2.13:$version from Maven Central into $libs" >&2
-	mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$libs" >&2 ||
+	quiet "kafka.sh: mvn" mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$libs" ||
 		die "could not resolve kafka_2.13:$version with Maven; check Maven Central access"
 	touch "$libs/.complete"
 }

@@ -59,9 +59,9 @@ install_major() {
 		echo "pgversions.sh: resolving $artifact:$version from Maven Central into $home" >&2
 		# Run in $tmp: without a project, the plugin's defaults would put its
 		# markers under the working directory.
-		(cd "$tmp" && mvn -q -B dependency:unpack -Dartifact="$artifact:$version:jar" \
+		(cd "$tmp" && mvn -q -B -Dstyle.color=never dependency:unpack -Dartifact="$artifact:$version:jar" \
 			-DoutputDirectory="$tmp/jar" -DmarkersDirectory="$tmp/markers" >"$tmp/mvn.log" 2>&1) ||
-			{ cat "$tmp/mvn.log" >&2; die "could not resolve $artifact:$version with Maven; check Maven Central access"; }
+			{ sed 's/\x1b\[[0-9;]*[A-Za-z]//g' "$tmp/mvn.log" >&2; die "could not resolve $artifact:$version with Maven; check Maven Central access"; }
 		[[ -f "$tmp/jar/postgres-linux-x86_64.txz" ]] || die "$artifact:$version holds no postgres-linux-x86_64.txz"
 		tar -xJf "$tmp/jar/postgres-linux-x86_64.txz" -C "$tmp/tree" || die "unpacking $artifact:$version failed"
 		[[ -x "$tmp/tree/bin/postgres" && -x "$tmp/tree/bin/initdb" ]] || die "$artifact:$version has no bin/postgres or bin/initdb"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the outside clients some tests read records with (confluent-kafka
-# for Python, with its Avro deserializer; scripts/pyclients/requirements.txt)
+# for Python, with its Avro deserializer) and the README's Python recipe
+# writes events with (psycopg; scripts/pyclients/requirements.txt)
 # into a virtual environment in the cache, once per machine and pin, and
 # prints its python. Idempotent.
 #

@@ -17,6 +17,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/common.sh"
 pom="$here/registry/pom.xml"
 version="$(sed -n 's:.*<apicurio.version>\(.*\)</apicurio.version>.*:\1:p' "$pom")"
 cache="${OUTBOX_CACHE_DIR:-$HOME/.cache/pgoutbox}"
@@ -52,7 +53,7 @@ install() {
 		rm -rf "$home"
 		mkdir -p "$home"
 		echo "registry.sh: resolving io.apicurio:apicurio-registry-app:$version:zip:all from Maven Central into $home" >&2
-		mvn -q -B -f "$pom" dependency:unpack -Dregistry.home="$home" >&2 ||
+		quiet "registry.sh: mvn" mvn -q -B -Dstyle.color=never -f "$pom" dependency:unpack -Dregistry.home="$home" ||
 			die "could not resolve apicurio-registry-app:$version (classifier all, zip) with Maven; check Maven Central access"
 		[[ -f "$jar" ]] || die "the unpacked archive has no $(basename "$jar")"
 		touch "$home/.complete"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs the example order service and fulfillment consumer against the local
-# stack (`make up`, then `source ~/.cache/pgoutbox/stack/env`), with the
+# stack (`eval "$(make -s up)"`), with the
 # connector between them: places APP_ORDERS orders over HTTP (default 20),
 # waits until each is fulfilled and prints the counts. Ctrl-C stops all.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-: "${OUTBOX_PG_DSN:?set it (make up prints it: source ~/.cache/pgoutbox/stack/env)}"
-: "${OUTBOX_KAFKA_BROKERS:?set it (make up prints it: source ~/.cache/pgoutbox/stack/env)}"
+: "${OUTBOX_PG_DSN:?set it (make up prints it; see README, A local stack)}"
+: "${OUTBOX_KAFKA_BROKERS:?set it (make up prints it; see README, A local stack)}"
 orders="${APP_ORDERS:-20}"
 listen="${ORDERS_LISTEN:-127.0.0.1:8080}"
 bin="$(mktemp -d -t pgoutbox-app-XXXXXX)"

@@ -22,12 +22,25 @@ import (
 // getenv, its output on stdout and stderr, until ctx is done.
 type Run func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error
 
+// UsageError is a command line the binary cannot make sense of (an
+// unknown subcommand, a stray word): the binary exits 2, as the flag
+// package does, and prints Msg, which says what it takes.
+type UsageError struct{ Msg string }
+
+func (e *UsageError) Error() string { return e.Msg }
+
+// Usagef returns a *UsageError.
+func Usagef(format string, args ...any) error {
+	return &UsageError{Msg: fmt.Sprintf(format, args...)}
+}
+
 // Main runs a binary and exits: the process's environment is checked
 // against env (config.CheckUnknownEnv: a variable of its prefixes that the
 // binary does not read is refused, a typo would otherwise run on a
 // default), then run gets the process's arguments and a context canceled by
 // SIGINT or SIGTERM. An error is printed on stderr as "name: error" with
-// exit code 1; flag.ErrHelp (help was asked for and printed) exits 0.
+// exit code 1 (2 for a *UsageError); flag.ErrHelp (help was asked for and
+// printed) exits 0.
 func Main(name string, env config.EnvRule, run Run) {
 	check := func(environ []string) error { return config.CheckUnknownEnv(environ, env) }
 	os.Exit(Exit(context.Background(), name, os.Environ(), os.Stderr, check, func(ctx context.Context) error {
@@ -46,9 +59,13 @@ func Exit(ctx context.Context, name string, environ []string, stderr io.Writer, 
 	if err == nil {
 		err = run(ctx)
 	}
+	var usage *UsageError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
 	default:
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1

@@ -27,6 +27,7 @@ func TestExit(t *testing.T) {
 		{name: "no check", code: 0, ran: true},
 		{name: "help", runErr: fmt.Errorf("parse: %w", flag.ErrHelp), code: 0, ran: true},
 		{name: "run fails", runErr: errors.New("boom"), code: 1, stderr: "bin: boom\n", ran: true},
+		{name: "usage", runErr: Usagef("unknown command %q", "start"), code: 2, stderr: "bin: unknown command \"start\"\n", ran: true},
 		{name: "check refuses", check: refuse, code: 1, stderr: "bin: OUTBOX_TYPO: unknown\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -60,6 +60,10 @@ func (b *Binder) env(name string) (string, bool) {
 	return v, true
 }
 
+// Required starts the help text of a setting that has no default and
+// must be set; -help shows it, and a binary's usage may list them.
+const Required = "required: "
+
 func usage(u, env string) string { return fmt.Sprintf("%s (env %s)", u, env) }
 
 // String binds a string setting.

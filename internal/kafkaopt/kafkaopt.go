@@ -63,7 +63,7 @@ type Config struct {
 
 // Bind registers the settings on b.
 func (c *Config) Bind(b *config.Binder, defaultClientID string) {
-	b.String(&c.Brokers, "kafka-brokers", "OUTBOX_KAFKA_BROKERS", "", "comma-separated Kafka bootstrap brokers (host:port)")
+	b.String(&c.Brokers, "kafka-brokers", "OUTBOX_KAFKA_BROKERS", "", config.Required+"comma-separated Kafka bootstrap brokers (host:port)")
 	b.String(&c.ClientID, "kafka-client-id", "OUTBOX_KAFKA_CLIENT_ID", defaultClientID, "Kafka client id")
 	b.Bool(&c.TLS, "kafka-tls", "OUTBOX_KAFKA_TLS", false, "connect to Kafka with TLS (implied by the other TLS settings)")
 	b.String(&c.TLSCAFile, "kafka-tls-ca-file", "OUTBOX_KAFKA_TLS_CA_FILE", "", "PEM CA bundle that signs the brokers' certificates (default: system roots)")

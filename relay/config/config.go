@@ -165,11 +165,15 @@ type Config struct {
 	envs []string
 }
 
+// Required starts the help of a setting that has no default and that
+// Validate refuses when it is missing.
+const Required = iconfig.Required
+
 // Bind registers every setting on fs with getenv supplying defaults.
 func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Binder {
 	b := iconfig.NewBinder(fs, getenv)
 	// A secret: -help must not print the password as the flag's default.
-	b.Secret(&c.PGDSN, "pg-dsn", "OUTBOX_PG_DSN", "PostgreSQL connection string (libpq URL or key=value)")
+	b.Secret(&c.PGDSN, "pg-dsn", "OUTBOX_PG_DSN", Required+"PostgreSQL connection string (libpq URL or key=value)")
 	b.String(&c.Slot, "slot", "OUTBOX_SLOT", "outbox_slot", "logical replication slot")
 	b.String(&c.Publication, "publication", "OUTBOX_PUBLICATION", "outbox_pub", "publication to stream")
 	c.Table = Table{Schema: "public", Name: "outbox"}
