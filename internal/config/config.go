@@ -177,6 +177,20 @@ type EnvRule struct {
 	Known []string
 }
 
+// Reads reports whether the binary reads name: one of Known, or the
+// NAME_FILE form of one. Deployment files are checked with it: a variable
+// they set that the binary does not read is a mistake even outside the
+// binary's namespaces, where CheckUnknownEnv lets it through.
+func (r EnvRule) Reads(name string) bool {
+	base, _ := strings.CutSuffix(name, "_FILE")
+	for _, k := range r.Known {
+		if name == k || base == k {
+			return true
+		}
+	}
+	return false
+}
+
 // CheckUnknownEnv refuses every variable of environ ("NAME=value") that is
 // in one of the rule's namespaces but is neither a setting the binary reads
 // (nor its _FILE form), another binary's, nor Tooling: a typo in a setting

@@ -67,3 +67,25 @@ func TestDistance(t *testing.T) {
 		}
 	}
 }
+
+func TestEnvRuleReads(t *testing.T) {
+	rule := EnvRule{Prefixes: []string{"OUTBOX_"}, Known: []string{"OUTBOX_PG_DSN", "OUTBOX_KAFKA_TLS_CA_FILE", "MAINTAIN_MODE"}}
+	for _, tc := range []struct {
+		name string
+		want bool
+	}{
+		{"OUTBOX_PG_DSN", true},
+		{"OUTBOX_PG_DSN_FILE", true},
+		{"OUTBOX_KAFKA_TLS_CA_FILE", true},
+		{"OUTBOX_KAFKA_TLS_CA_FILE_FILE", true}, // the file that names the CA file
+		{"MAINTAIN_MODE", true},                 // outside Prefixes, still read
+		{"OUTBOX_PG_DSNS", false},
+		{"OUTBOX_TEST_KAFKA_BROKERS", false}, // tooling is accepted, not read
+		{"OUTBOX_FILE", false},
+		{"PATH", false},
+	} {
+		if got := rule.Reads(tc.name); got != tc.want {
+			t.Errorf("Reads(%s) = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
