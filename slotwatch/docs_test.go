@@ -9,6 +9,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/slotwatch/alert"
 	"github.com/pgoutbox/pgoutbox/slotwatch/config"
 	"github.com/pgoutbox/pgoutbox/slotwatch/metric"
+	"github.com/pgoutbox/pgoutbox/slotwatch/pipeline"
 )
 
 // TestDocsCoverEverything checks README.md documents every setting,
@@ -28,5 +29,6 @@ func TestDocsCoverEverything(t *testing.T) {
 	}
 	check("setting", config.EnvVars())
 	check("metric", metric.Names())
+	check("metric", pipeline.Names())
 	check("alert", alert.Names())
 }

@@ -136,6 +136,10 @@ type Result struct {
 
 // Summary is the report's last line.
 func (r Result) Summary() string {
+	if r.Audited == 0 {
+		return fmt.Sprintf("audited 0 events: the table holds no row created from %s to %s (a table emptied in delete-after-insert or message mode cannot be audited)",
+			r.Since.UTC().Format(time.RFC3339), r.Until.UTC().Format(time.RFC3339))
+	}
 	return fmt.Sprintf("audited %d events created from %s to %s: %d missing, %d duplicated, %d dead-lettered; read %d records from %s in %s",
 		r.Audited, r.Since.UTC().Format(time.RFC3339), r.Until.UTC().Format(time.RFC3339),
 		r.Missing, r.Duplicated, r.DeadLettered, r.Records, strings.Join(r.Topics, ","), r.Elapsed.Round(time.Millisecond))

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/slotwatch/metric"
+	"github.com/pgoutbox/pgoutbox/slotwatch/pipeline"
 )
 
 type dashboard struct {
@@ -47,11 +48,11 @@ func TestDashboard(t *testing.T) {
 	if d.UID == "" || d.Title == "" {
 		t.Error("dashboard needs a uid and a title")
 	}
-	exported := metric.Names()
+	exported := append(metric.Names(), pipeline.Names()...)
 	metricRE := regexp.MustCompile(`slotwatch_[a-z0-9_]+`)
 	check := func(where, expr string) {
 		for _, m := range metricRE.FindAllString(expr, -1) {
-			if !slices.Contains(exported, m) {
+			if !slices.Contains(exported, m) && !slices.Contains(exported, strings.TrimSuffix(m, "_bucket")) {
 				t.Errorf("%s uses %s, which slotwatch does not export", where, m)
 			}
 		}
@@ -76,11 +77,14 @@ func TestDashboard(t *testing.T) {
 	}
 	// What the issue asks the dashboard to show, with the right units.
 	for title, unit := range map[string]string{
-		"Lag (bytes) per slot":   "bytes",
-		"Lag (seconds) per slot": "s",
-		"Retained WAL per slot":  "bytes",
-		"Time to invalidation":   "s",
-		"Alerts":                 "",
+		"Lag (bytes) per slot":                      "bytes",
+		"Lag (seconds) per slot":                    "s",
+		"Retained WAL per slot":                     "bytes",
+		"Time to invalidation":                      "s",
+		"Alerts":                                    "",
+		"Canary latency (commit to Kafka)":          "s",
+		"Canary age":                                "s",
+		"Audit: missing, duplicated, dead-lettered": "short",
 	} {
 		got, ok := titles[title]
 		if !ok {

@@ -17,6 +17,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/slotwatch/alert"
 	"github.com/pgoutbox/pgoutbox/slotwatch/config"
 	"github.com/pgoutbox/pgoutbox/slotwatch/metric"
+	"github.com/pgoutbox/pgoutbox/slotwatch/pipeline"
 )
 
 // promtoolVersion is the Prometheus module version promtool is built from
@@ -81,7 +82,7 @@ func TestRulesMatchSlotwatch(t *testing.T) {
 		alert.SlotCatalogXminAgeHigh:    fmt.Sprint(config.DefaultXminAgeWarn),
 		alert.SlotNotFailoverReady:      fmt.Sprint(config.DefaultFailoverLagBytes),
 	}
-	exported := metric.Names()
+	exported := append(metric.Names(), pipeline.Names()...)
 	metricRE := regexp.MustCompile(`slotwatch_[a-z0-9_]+`)
 	var names []string
 	for _, g := range f.Groups {
