@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -416,6 +417,28 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 	}
 	if nc.chargedTwice != 0 {
 		t.Errorf("naive flow: %d orders charged twice", nc.chargedTwice)
+	}
+
+	// slotwatch's audit finds the naive flow's lost orders by itself: the
+	// orders table against the record keys on its topic.
+	audit := exec.Command(testenv.Binary(t, "slotwatch"), "audit", "-since", start.Add(-time.Minute).UTC().Format(time.RFC3339Nano),
+		"-table", "public.orders", "-aggregate-type", order.AggregateType, "-match", "key")
+	audit.Env = []string{"SLOTWATCH_OUTBOX_DSN=" + pg.DSN("naive"), "OUTBOX_KAFKA_BROKERS=" + k.Brokers, "SLOTWATCH_AUDIT_GRACE=0s",
+		"OUTBOX_ROUTE_TOPIC_REPLACEMENT=naive.event.${routedByValue}"}
+	out, err := audit.Output()
+	var missing int
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "missing ") {
+			missing++
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	t.Logf("slotwatch audit of the naive flow: %d missing; %s", missing, lines[len(lines)-1])
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Errorf("slotwatch audit of the naive flow: %v; want exit 1 (events missing)", err)
+	}
+	if missing != nc.orders-nc.fulfilled {
+		t.Errorf("slotwatch audit found %d orders whose event never arrived; the test counts %d", missing, nc.orders-nc.fulfilled)
 	}
 }
 

@@ -82,9 +82,9 @@ type Options struct {
 	// Skew widens the Kafka side back from Since, for clocks that differ
 	// between PostgreSQL and the relay that stamps the records.
 	Skew time.Duration
-	// Idle ends the read of Kafka when no record arrived for this long
-	// (a partition whose last offsets are transaction markers never
-	// yields a record at its end offset). Default 3s.
+	// Idle fails the audit when no record arrived for this long while
+	// partitions are still short of their end offsets (default 30s): a
+	// read that stops early would report delivered events missing.
 	Idle time.Duration
 	// ChunkSize is how many ids the external sort holds per chunk
 	// (default DefaultChunkSize).
@@ -152,6 +152,11 @@ func (r Result) Summary() string {
 func ClientOpts() []kgo.Opt {
 	return []kgo.Opt{
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// The commit and abort markers come back too, so that the record
+		// just below each partition's last stable offset always arrives
+		// (it is a marker whenever the partition ends in a transaction),
+		// and the read knows it reached the end instead of waiting.
+		kgo.KeepControlRecords(),
 		kgo.FetchMaxBytes(1 << 20),
 		kgo.FetchMaxPartitionBytes(1 << 20),
 		kgo.MaxConcurrentFetches(1),
@@ -176,7 +181,7 @@ func Run(ctx context.Context, db Querier, cl *kgo.Client, o Options) (Result, er
 		o.Match = MatchHeader
 	}
 	if o.Idle <= 0 {
-		o.Idle = 3 * time.Second
+		o.Idle = 30 * time.Second
 	}
 	if o.ChunkSize <= 0 {
 		o.ChunkSize = DefaultChunkSize
@@ -314,6 +319,7 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 	}
 	assign := map[string]map[int32]kgo.Offset{}
 	remaining := map[string]map[int32]int64{} // partition → the end offset still to reach
+	reached := map[string]map[int32]int64{}   // partition → the last offset read
 	left := 0
 	var errs []error
 	for _, t := range topics {
@@ -339,6 +345,10 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 			}
 			assign[t][p] = kgo.NewOffset().At(s.Offset)
 			remaining[t][p] = e.Offset
+			if reached[t] == nil {
+				reached[t] = map[int32]int64{}
+			}
+			reached[t][p] = s.Offset - 1
 			left++
 		}
 	}
@@ -367,7 +377,6 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		got := 0
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
 			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
@@ -378,6 +387,7 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 		if ferr != nil {
 			return n, ferr
 		}
+		got := 0
 		for it := fs.RecordIter(); !it.Done(); {
 			r := it.Next()
 			got++
@@ -385,7 +395,8 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 			if !ok {
 				continue
 			}
-			if r.Offset < end {
+			reached[r.Topic][r.Partition] = r.Offset
+			if r.Offset < end && !r.Attrs.IsControl() {
 				id := recordID(r, o.Match, r.Topic == o.DLQTopic)
 				if id != "" {
 					tag := tagRouted
@@ -406,9 +417,14 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 			}
 		}
 		if got == 0 {
-			// Idle for o.Idle: what is left ends in transaction markers
-			// or aborted records a read_committed consumer never returns.
-			break
+			var short []string
+			for t, ps := range remaining {
+				for p, end := range ps {
+					short = append(short, fmt.Sprintf("%s[%d] at %d of %d", t, p, reached[t][p]+1, end))
+				}
+			}
+			sort.Strings(short)
+			return n, fmt.Errorf("no record from Kafka for %s while partitions are short of the end they had when the audit began (%s); check the brokers, or raise the idle timeout", o.Idle, strings.Join(short, ", "))
 		}
 	}
 	return n, nil
