@@ -107,7 +107,10 @@ func TestHandlerSpanDefault(t *testing.T) {
 	}
 	defer c.cl.Close()
 	var got trace.SpanContext
-	c.h = func(ctx context.Context, _ pgx.Tx, _ *kgo.Record) error { got = trace.SpanContextFromContext(ctx); return nil }
+	c.h = func(ctx context.Context, _ pgx.Tx, _ *kgo.Record) error {
+		got = trace.SpanContextFromContext(ctx)
+		return nil
+	}
 	rec := &kgo.Record{Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01")}}}
 	if err := c.call(context.Background(), nil, rec, "e"); err != nil {
 		t.Fatal(err)
