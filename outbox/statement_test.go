@@ -165,7 +165,7 @@ func TestNewConfig(t *testing.T) {
 
 // traced is a ctx carrying a valid remote span context, as an HTTP
 // middleware leaves it.
-func traced(t *testing.T, state string) context.Context {
+func traced(t testing.TB, state string) context.Context {
 	t.Helper()
 	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
@@ -268,5 +268,25 @@ func TestTraceColumnConfig(t *testing.T) {
 		if _, err := New(Config{TraceColumn: bad}); err == nil {
 			t.Errorf("TraceColumn %q: no error", bad)
 		}
+	}
+}
+
+// BenchmarkStatements: what a traced write adds to building the statement,
+// and that an untraced one pays only the span context lookup.
+func BenchmarkStatements(b *testing.B) {
+	w, _ := New(Config{})
+	evs := []Event{{AggregateType: "Order", AggregateID: "o-1", Type: "OrderPlaced", Payload: map[string]int{"n": 1}}}
+	for _, bc := range []struct {
+		name string
+		ctx  context.Context
+	}{{"untraced", context.Background()}, {"traced", traced(b, "congo=t61rcWkgMzE")}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := w.statements(bc.ctx, evs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
