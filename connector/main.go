@@ -26,6 +26,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
 	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/relay/config"
@@ -169,6 +170,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("router settings: %w", err)
 	}
 	r := relay.New(cfg, router, log, m)
+	// The relay hop's spans, only with an OTLP endpoint configured
+	// (OTEL_EXPORTER_OTLP_ENDPOINT); flushed at the end, after the relay
+	// stopped.
+	tp, err := tracing.Start(ctx, getenv, "outbox-connector", base.With("component", "tracing"))
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		defer tracing.Shutdown(tp, 5*time.Second, log)
+		r.SetTracer(tp.Tracer("github.com/pgoutbox/pgoutbox/relay"))
+	}
 
 	var srv *http.Server
 	served := make(chan struct{})

@@ -86,6 +86,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
@@ -168,6 +170,11 @@ type Config struct {
 	CleanupBatch int
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// TracerProvider makes the span around each handler attempt, a child
+	// of the trace context in the record's traceparent/tracestate headers,
+	// whose ctx the handler gets (default otel.GetTracerProvider(): the
+	// program's global provider, a no-op unless it installs one).
+	TracerProvider trace.TracerProvider
 	// Registerer, when set, gets the Consumer's metrics (inbox_*_total
 	// with the label group; see Stats). Consumers of one group on one
 	// Registerer share the series, summed; one that replaces a Consumer
@@ -208,7 +215,9 @@ type Consumer struct {
 	db    *pgxpool.Pool
 	h     Handler
 	cl    *kgo.Client
-	log   *slog.Logger
+	// tracer makes the handler's spans (Config.TracerProvider).
+	tracer trace.Tracer
+	log    *slog.Logger
 
 	processed, duplicates, deadLettered, retries, cleaned atomic.Int64
 	reused, transient, redriven                           atomic.Int64
@@ -283,7 +292,10 @@ func New(db *pgxpool.Pool, h Handler, cfg Config) (*Consumer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Consumer{cfg: cfg, table: table, db: db, h: h,
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	c := &Consumer{cfg: cfg, table: table, db: db, h: h, tracer: cfg.TracerProvider.Tracer(instrumentation),
 		begin: fmt.Sprintf(beginSQL, lockTimeout(cfg.TxTimeout).Milliseconds()),
 		log:   cfg.Logger.With("component", "inbox", "group", cfg.Group)}
 	opts := append([]kgo.Opt{

@@ -241,6 +241,9 @@ func (c *Consumer) seen(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id stri
 // dead-letters the record after MaxAttempts) instead of crashing the member,
 // which would be redelivered the record and panic again, then the next owner.
 func (c *Consumer) call(ctx context.Context, tx pgx.Tx, rec *kgo.Record, id string) (err error) {
+	// First deferred, so last to run: the span sees a panic's error too.
+	ctx, span := c.startSpan(ctx, rec, id)
+	defer func() { endSpan(span, err) }()
 	// A handler that ignores ctx cannot be stopped: say so, since the
 	// partition (and a rebalance) waits for it.
 	watch := time.AfterFunc(c.cfg.TxTimeout+handlerGrace, func() {

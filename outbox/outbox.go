@@ -44,6 +44,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Mode says how events reach the WAL.
@@ -126,6 +128,8 @@ type Writer struct {
 	mode   Mode
 	prefix string
 	newID  func() (uuid.UUID, error)
+	// traceColumn is Config.TraceColumn ("" when off).
+	traceColumn string
 }
 
 // Config configures a Writer. The zero Config is table mode on
@@ -139,11 +143,46 @@ type Config struct {
 	// NewID is the generator of ids for events without one (default
 	// uuid.NewV7).
 	NewID func() (uuid.UUID, error)
+	// TraceColumn is the column (a JSON member in ModeMessage) that
+	// receives the caller's W3C trace context, taken from ctx with
+	// OpenTelemetry's propagation.TraceContext, as the java.util.Properties
+	// text Debezium's outbox extensions write (traceparent=… and
+	// tracestate=… lines); the connector turns it into the record's
+	// traceparent and tracestate headers. Default "tracingspancontext",
+	// Debezium's tracing.span.context.field; TraceColumnOff never writes
+	// it. Only a ctx carrying a valid span context writes the column, so
+	// an untraced write never names it; a traced write into a table
+	// without the column fails with ErrNoTraceColumn (the transaction
+	// with it: no event is written without its trace, nor lost), and the
+	// fix is the column (sql/001_outbox.sql adds it) or TraceColumnOff.
+	// An event whose Columns set the column keeps its own value.
+	TraceColumn string
 }
+
+// TraceColumnOff as Config.TraceColumn turns the trace context column off.
+const TraceColumnOff = "-"
+
+// DefaultTraceColumn is Config.TraceColumn's default, the column Debezium's
+// tracing reads (tracing.span.context.field).
+const DefaultTraceColumn = "tracingspancontext"
+
+// ErrNoTraceColumn is Write's error (wrapped) for a traced write into a
+// table that lacks Config.TraceColumn.
+var ErrNoTraceColumn = errors.New("the outbox table has no trace context column")
 
 // New validates cfg and returns a Writer for it.
 func New(cfg Config) (*Writer, error) {
-	w := &Writer{table: `"public"."outbox"`, mode: cfg.Mode, prefix: MessagePrefix, newID: uuid.NewV7}
+	w := &Writer{table: `"public"."outbox"`, mode: cfg.Mode, prefix: MessagePrefix, newID: uuid.NewV7, traceColumn: DefaultTraceColumn}
+	switch cfg.TraceColumn {
+	case "":
+	case TraceColumnOff:
+		w.traceColumn = ""
+	default:
+		if !identRE.MatchString(cfg.TraceColumn) || isBase(cfg.TraceColumn) {
+			return nil, fmt.Errorf("outbox: trace column %q: want a plain identifier that is not one of %v", cfg.TraceColumn, baseColumns)
+		}
+		w.traceColumn = cfg.TraceColumn
+	}
 	if cfg.Table != "" {
 		q, err := QuoteTable(cfg.Table)
 		if err != nil {
@@ -192,7 +231,7 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.
 	if tx == nil {
 		return nil, errNoTx
 	}
-	stmts, ids, err := w.statements(events)
+	stmts, ids, err := w.statements(ctx, events)
 	if err != nil {
 		return nil, err
 	}
@@ -203,14 +242,14 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.
 			batch.Queue(s.sql, s.args...)
 		}
 		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
+			return nil, w.writeErr(len(events), stmts[0], err)
 		}
 		return ids, nil
 	}
 	for _, s := range stmts {
 		tag, err := tx.Exec(ctx, s.sql, s.args...)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
+			return nil, w.writeErr(len(events), s, err)
 		}
 		if s.guarded && tag.RowsAffected() == 0 {
 			return nil, w.errPollMode()
@@ -231,14 +270,14 @@ func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]u
 	if tx == nil {
 		return nil, errNoTx
 	}
-	stmts, ids, err := w.statements(events)
+	stmts, ids, err := w.statements(ctx, events)
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range stmts {
 		res, err := tx.ExecContext(ctx, s.sql, s.args...)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: write %d events: %w", len(events), err)
+			return nil, w.writeErr(len(events), s, err)
 		}
 		if s.guarded {
 			if n, err := res.RowsAffected(); err == nil && n == 0 {
@@ -255,12 +294,71 @@ type statement struct {
 	// guarded: a statement that returns no row when it refused to write
 	// (see pollGuard).
 	guarded bool
+	// traced: the statement names the trace context column.
+	traced bool
 }
 
-func (w *Writer) statements(events []Event) ([]statement, []uuid.UUID, error) {
+// writeErr wraps a failed statement's error; an insert that named the trace
+// context column into a table without it says which fix there is.
+func (w *Writer) writeErr(n int, s statement, err error) error {
+	var pgErr *pgconn.PgError
+	if s.traced && errors.As(err, &pgErr) && pgErr.Code == "42703" && strings.Contains(pgErr.Message, `"`+w.traceColumn+`"`) {
+		return fmt.Errorf("outbox: write %d events: %w: %s has no column %s for the caller's trace context; add it (sql/001_outbox.sql: %s text) or set outbox.Config.TraceColumn to outbox.TraceColumnOff: %w",
+			n, ErrNoTraceColumn, w.table, w.traceColumn, w.traceColumn, err)
+	}
+	return fmt.Errorf("outbox: write %d events: %w", n, err)
+}
+
+// traceContext is the W3C trace context of ctx as the java.util.Properties
+// text Debezium's outbox extensions store (Properties.store without its date
+// comment), or "" when ctx carries no valid span context or the column is
+// off. The propagator is propagation.TraceContext itself, not the global
+// one: the column's format is W3C's whatever else the process propagates.
+func (w *Writer) traceContext(ctx context.Context) string {
+	if w.traceColumn == "" || !trace.SpanContextFromContext(ctx).IsValid() {
+		return ""
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	tp := carrier.Get("traceparent")
+	if tp == "" {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("traceparent=")
+	b.WriteString(escapeProp(tp))
+	b.WriteByte('\n')
+	if ts := carrier.Get("tracestate"); ts != "" {
+		b.WriteString("tracestate=")
+		b.WriteString(escapeProp(ts))
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// escapeProp escapes a value as Properties.store does (saveConvert):
+// tracestate's "key=value" pairs have '=' in them.
+func escapeProp(v string) string {
+	if !strings.ContainsAny(v, "\\=:#!") {
+		return v
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if strings.IndexByte("\\=:#!", v[i]) >= 0 {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
+}
+
+func (w *Writer) statements(ctx context.Context, events []Event) ([]statement, []uuid.UUID, error) {
 	if len(events) == 0 {
 		return nil, nil, nil
 	}
+	// One trace context for the whole write: the events are the caller's
+	// span's. An event that sets the column itself keeps its value.
+	tc := w.traceContext(ctx)
 	ids := make([]uuid.UUID, len(events))
 	payloads := make([]any, len(events))
 	for i := range events {
@@ -283,13 +381,13 @@ func (w *Writer) statements(events []Event) ([]statement, []uuid.UUID, error) {
 		payloads[i] = p
 	}
 	if w.mode == ModeMessage {
-		s, err := w.messageStatement(events, ids, payloads)
+		s, err := w.messageStatement(events, ids, payloads, tc)
 		if err != nil {
 			return nil, nil, err
 		}
 		return []statement{s}, ids, nil
 	}
-	stmts, err := w.insertStatements(events, ids, payloads)
+	stmts, err := w.insertStatements(events, ids, payloads, tc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -298,13 +396,13 @@ func (w *Writer) statements(events []Event) ([]statement, []uuid.UUID, error) {
 		// DELETE in the same statement (a data-modifying CTE sees the
 		// snapshot from before it), so one statement cannot do both.
 		if len(ids) == 1 {
-			stmts = append(stmts, statement{"DELETE FROM " + w.table + " WHERE id = $1", []any{ids[0].String()}, false})
+			stmts = append(stmts, statement{sql: "DELETE FROM " + w.table + " WHERE id = $1", args: []any{ids[0].String()}})
 		} else {
 			strs := make([]string, len(ids))
 			for i, id := range ids {
 				strs[i] = id.String()
 			}
-			stmts = append(stmts, statement{"DELETE FROM " + w.table + " WHERE id = ANY($1::uuid[])", []any{strs}, false})
+			stmts = append(stmts, statement{sql: "DELETE FROM " + w.table + " WHERE id = ANY($1::uuid[])", args: []any{strs}})
 		}
 	}
 	return stmts, ids, nil
@@ -312,10 +410,15 @@ func (w *Writer) statements(events []Event) ([]statement, []uuid.UUID, error) {
 
 var baseColumns = []string{"id", "aggregatetype", "aggregateid", "type", "payload"}
 
-func (w *Writer) insertStatements(events []Event, ids []uuid.UUID, payloads []any) ([]statement, error) {
+func (w *Writer) insertStatements(events []Event, ids []uuid.UUID, payloads []any, tc string) ([]statement, error) {
 	// The union of extra columns, sorted so that the statement text (and
-	// with it pgx's prepared statement cache) is stable.
+	// with it pgx's prepared statement cache) is stable. The trace column
+	// is one only for a traced write: an untraced one never names it, so
+	// a table without it takes every untraced write.
 	extraSet := map[string]bool{}
+	if tc != "" {
+		extraSet[w.traceColumn] = true
+	}
 	for _, ev := range events {
 		for c := range ev.Columns {
 			if !extraSet[c] {
@@ -363,6 +466,9 @@ func (w *Writer) insertStatements(events []Event, ids []uuid.UUID, payloads []an
 			}
 			for _, c := range extra {
 				v, ok := events[i].Columns[c]
+				if !ok && tc != "" && c == w.traceColumn {
+					v, ok = tc, true
+				}
 				if !ok {
 					b.WriteString(", DEFAULT")
 					continue
@@ -373,7 +479,7 @@ func (w *Writer) insertStatements(events []Event, ids []uuid.UUID, payloads []an
 			}
 			b.WriteByte(')')
 		}
-		stmts = append(stmts, statement{b.String(), args, false})
+		stmts = append(stmts, statement{sql: b.String(), args: args, traced: tc != ""})
 	}
 	return stmts, nil
 }
@@ -382,7 +488,7 @@ func (w *Writer) insertStatements(events []Event, ids []uuid.UUID, payloads []an
 // The content goes through jsonb so that its text (the payload in
 // particular) is exactly what a jsonb outbox column would have carried:
 // the records are byte-for-byte those of the table modes.
-func (w *Writer) messageStatement(events []Event, ids []uuid.UUID, payloads []any) (statement, error) {
+func (w *Writer) messageStatement(events []Event, ids []uuid.UUID, payloads []any, tc string) (statement, error) {
 	contents := make([]string, len(events))
 	for i, ev := range events {
 		m := map[string]any{
@@ -391,6 +497,9 @@ func (w *Writer) messageStatement(events []Event, ids []uuid.UUID, payloads []an
 		}
 		if p, ok := payloads[i].(string); ok {
 			m["payload"] = json.RawMessage(p)
+		}
+		if tc != "" {
+			m[w.traceColumn] = tc // an event's own Columns value wins, below
 		}
 		for c, v := range ev.Columns {
 			if isBase(c) {
@@ -407,11 +516,11 @@ func (w *Writer) messageStatement(events []Event, ids []uuid.UUID, payloads []an
 	// Emitted only where no poll-mode relay reads the outbox table (see
 	// pollGuard): then the statement returns no row, and Write says why.
 	if len(contents) == 1 {
-		return statement{"SELECT pg_logical_emit_message(true, $1, $2::jsonb::text) WHERE " + pollGuard(3), []any{w.prefix, contents[0], w.table}, true}, nil
+		return statement{"SELECT pg_logical_emit_message(true, $1, $2::jsonb::text) WHERE " + pollGuard(3), []any{w.prefix, contents[0], w.table}, true, false}, nil
 	}
 	// unnest WITH ORDINALITY ... ORDER BY keeps the caller's order.
 	return statement{`SELECT count(pg_logical_emit_message(true, $1, m::jsonb::text))
-FROM (SELECT m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, n) ORDER BY n) AS s WHERE ` + pollGuard(3) + ` HAVING count(*) > 0`, []any{w.prefix, contents, w.table}, true}, nil
+FROM (SELECT m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, n) ORDER BY n) AS s WHERE ` + pollGuard(3) + ` HAVING count(*) > 0`, []any{w.prefix, contents, w.table}, true, false}, nil
 }
 
 // pollGuard is true unless the outbox table (parameter $n) is prepared for

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
@@ -12,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/outbox"
@@ -121,6 +124,12 @@ func TestModesDeliverSameRecords(t *testing.T) {
 		consumerTopics = append(consumerTopics, "outbox.event."+v.name+suffix)
 	}
 	c := testenv.StartConsumer(t, brokers, consumerTopics...)
+	// Some writes carry a trace context (the caller's span, as an HTTP
+	// middleware leaves it): their records carry it as traceparent and
+	// tracestate, in every mode; the others carry none.
+	const writerTP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	tctx := traceparentCtx(t, writerTP, "congo=t61rcWkgMzE")
+	traced := map[string]bool{} // seq -> written with tctx
 	for _, v := range variants {
 		w, err := outbox.New(outbox.Config{Mode: v.mode})
 		if err != nil {
@@ -134,6 +143,13 @@ func TestModesDeliverSameRecords(t *testing.T) {
 				size = 1 + i%20
 			}
 			evs := events(aggType, i, min(i+size, n))
+			ctx := ctx
+			if i%3 == 0 {
+				ctx = tctx
+				for k := i; k < i+len(evs); k++ {
+					traced[fmt.Sprint(k)] = true
+				}
+			}
 			if v.stdlb {
 				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {
@@ -195,6 +211,13 @@ func TestModesDeliverSameRecords(t *testing.T) {
 				t.Errorf("%s seq %s: key %q value %s tenant %q; table mode: key %q value %s tenant %q", v.name, seq,
 					got.Key, got.Value, testenv.Header(got, "tenant"), want.Key, want.Value, testenv.Header(want, "tenant"))
 			}
+			wantTP, wantTS := "", ""
+			if traced[seq] {
+				wantTP, wantTS = writerTP, "congo=t61rcWkgMzE"
+			}
+			if tp, ts := testenv.Header(got, "traceparent"), testenv.Header(got, "tracestate"); tp != wantTP || ts != wantTS {
+				t.Errorf("%s seq %s: traceparent %q tracestate %q, want %q %q", v.name, seq, tp, ts, wantTP, wantTS)
+			}
 			if id := testenv.Header(got, "id"); len(id) != 36 || id[14] != '7' {
 				t.Errorf("%s: id header %q is not a UUIDv7", v.name, id)
 			}
@@ -217,6 +240,76 @@ func TestModesDeliverSameRecords(t *testing.T) {
 		n, len(variants), ref["3"].Value)
 	p.Signal(syscall.SIGTERM)
 	p.Wait(t, 30*time.Second)
+}
+
+// traceparentCtx is a ctx carrying the remote span context tp names, as
+// OpenTelemetry's propagator extracts it from an incoming request.
+func traceparentCtx(t testing.TB, tp, ts string) context.Context {
+	t.Helper()
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp, "tracestate": ts})
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		t.Fatalf("traceparent %q: no valid span context", tp)
+	}
+	return ctx
+}
+
+// TestTraceColumnMissing: an outbox table made before the trace context
+// column keeps taking untraced writes; a traced write fails with
+// ErrNoTraceColumn and a fix to act on (never an event written without its
+// trace, nor lost: the caller's transaction fails), and with the column
+// turned off it is written without the trace.
+func TestTraceColumnMissing(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	if _, err := conn.Exec(ctx, `CREATE TABLE legacy (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+		aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	tctx := traceparentCtx(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "")
+	ev := outbox.Event{AggregateType: "Order", AggregateID: "o-1", Type: "OrderPlaced", Payload: 1}
+	write := func(cfg outbox.Config, ctx context.Context) error {
+		w, err := outbox.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			_, err := w.Write(ctx, tx, ev, ev)
+			return err
+		})
+	}
+	count := func(table string) (rows, traced int) {
+		q := fmt.Sprintf("SELECT count(*), 0 FROM %s", table)
+		if table == "outbox" {
+			q = "SELECT count(*), count(tracingspancontext) FROM outbox"
+		}
+		if err := conn.QueryRow(ctx, q).Scan(&rows, &traced); err != nil {
+			t.Fatal(err)
+		}
+		return rows, traced
+	}
+	for _, mode := range []outbox.Mode{outbox.ModeTable, outbox.ModeDeleteAfterInsert} {
+		if err := write(outbox.Config{Table: "legacy", Mode: mode}, ctx); err != nil {
+			t.Fatalf("%v: untraced write into a table without the column: %v", mode, err)
+		}
+		err := write(outbox.Config{Table: "legacy", Mode: mode}, tctx)
+		if !errors.Is(err, outbox.ErrNoTraceColumn) || !strings.Contains(err.Error(), "TraceColumnOff") {
+			t.Fatalf("%v: traced write into a table without the column: %v, want ErrNoTraceColumn naming the fix", mode, err)
+		}
+		if err := write(outbox.Config{Table: "legacy", Mode: mode, TraceColumn: outbox.TraceColumnOff}, tctx); err != nil {
+			t.Fatalf("%v: traced write with the column off: %v", mode, err)
+		}
+	}
+	if rows, _ := count("legacy"); rows != 4 {
+		t.Fatalf("legacy table: %d rows, want the two untraced and the two column-off table-mode events", rows)
+	}
+	// sql/001_outbox.sql's table has it.
+	if err := write(outbox.Config{}, tctx); err != nil {
+		t.Fatal(err)
+	}
+	if rows, traced := count("outbox"); rows != 2 || traced != 2 {
+		t.Fatalf("outbox: %d rows, %d with a trace context; want 2, 2", rows, traced)
+	}
 }
 
 // TestCleanerDeletesExpiredInBatches: only rows older than the retention go,

@@ -1,11 +1,13 @@
 package outbox
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func TestStatements(t *testing.T) {
@@ -39,7 +41,7 @@ func TestStatements(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stmts, ids, err := w.statements(tc.events)
+			stmts, ids, err := w.statements(context.Background(), tc.events)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -66,7 +68,7 @@ func TestStatements(t *testing.T) {
 
 func TestMessageContent(t *testing.T) {
 	w, _ := New(Config{Mode: ModeMessage})
-	stmts, _, err := w.statements([]Event{{ID: uuid.MustParse("01932c07-0000-7000-8000-000000000001"), AggregateType: "Order",
+	stmts, _, err := w.statements(context.Background(), []Event{{ID: uuid.MustParse("01932c07-0000-7000-8000-000000000001"), AggregateType: "Order",
 		AggregateID: "o-1", Type: "OrderPlaced", Payload: json.RawMessage(` {"b":1,"a":2} `), Columns: map[string]any{"tenant": "t1"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +87,7 @@ func TestMessageContent(t *testing.T) {
 
 func TestNewIDsAreV7(t *testing.T) {
 	w, _ := New(Config{})
-	_, ids, err := w.statements([]Event{{AggregateType: "O", AggregateID: "o", Type: "T"}, {AggregateType: "O", AggregateID: "o", Type: "T"}})
+	_, ids, err := w.statements(context.Background(), []Event{{AggregateType: "O", AggregateID: "o", Type: "T"}, {AggregateType: "O", AggregateID: "o", Type: "T"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +149,7 @@ func TestNewConfig(t *testing.T) {
 			if w.table != tc.wantTable || w.Mode() != tc.cfg.Mode || w.prefix != MessagePrefix {
 				t.Fatalf("table %s, mode %v, prefix %q; want %s, %v, %q", w.table, w.Mode(), w.prefix, tc.wantTable, tc.cfg.Mode, MessagePrefix)
 			}
-			_, ids, err := w.statements([]Event{{AggregateType: "O", AggregateID: "o", Type: "T"}})
+			_, ids, err := w.statements(context.Background(), []Event{{AggregateType: "O", AggregateID: "o", Type: "T"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,6 +158,134 @@ func TestNewConfig(t *testing.T) {
 			}
 			if tc.cfg.NewID == nil && ids[0].Version() != 7 {
 				t.Fatalf("id %v: want a UUIDv7", ids[0])
+			}
+		})
+	}
+}
+
+// traced is a ctx carrying a valid remote span context, as an HTTP
+// middleware leaves it.
+func traced(t testing.TB, state string) context.Context {
+	t.Helper()
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	ts, err := trace.ParseTraceState(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, TraceState: ts, Remote: true}))
+}
+
+// TestTraceColumn: a traced write names the trace column with the
+// Properties text the router reads back; an untraced one, or one with the
+// column off, never names it (a table without it keeps working).
+func TestTraceColumn(t *testing.T) {
+	id := uuid.MustParse("01932c07-0000-7000-8000-000000000001")
+	ev := func(cols map[string]any) Event {
+		return Event{ID: id, AggregateType: "Order", AggregateID: "o-1", Type: "OrderPlaced", Columns: cols}
+	}
+	const tp = "traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\n"
+	tests := []struct {
+		name    string
+		cfg     Config
+		ctx     context.Context
+		events  []Event
+		want    string
+		wantArg map[int]string // the trace column's arguments by index (nil: none)
+	}{
+		{"untraced", Config{}, context.Background(), []Event{ev(nil)},
+			`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)`, nil},
+		{"traced", Config{}, traced(t, ""), []Event{ev(nil)},
+			`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload, "tracingspancontext") VALUES ($1, $2, $3, $4, $5, $6)`, map[int]string{5: tp}},
+		{"traced with tracestate, escaped as Properties.store does", Config{}, traced(t, "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"), []Event{ev(nil)},
+			`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload, "tracingspancontext") VALUES ($1, $2, $3, $4, $5, $6)`,
+			map[int]string{5: tp + `tracestate=congo\=t61rcWkgMzE,rojo\=00f067aa0ba902b7` + "\n"}},
+		{"traced batch beside another column; an event's own value wins", Config{}, traced(t, ""),
+			[]Event{ev(map[string]any{"tenant": "a"}), ev(map[string]any{"tracingspancontext": "mine"})},
+			`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload, "tenant", "tracingspancontext") VALUES ($1, $2, $3, $4, $5, $6, $7), ($8, $9, $10, $11, $12, DEFAULT, $13)`,
+			map[int]string{6: tp, 12: "mine"}},
+		{"column off", Config{TraceColumn: TraceColumnOff}, traced(t, ""), []Event{ev(nil)},
+			`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)`, nil},
+		{"column renamed, delete-after-insert", Config{TraceColumn: "span_ctx", Mode: ModeDeleteAfterInsert}, traced(t, ""), []Event{ev(nil)},
+			`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload, "span_ctx") VALUES ($1, $2, $3, $4, $5, $6)`, map[int]string{5: tp}},
+		{"an invalid span context is no trace", Config{}, trace.ContextWithSpanContext(context.Background(), trace.SpanContext{}), []Event{ev(nil)},
+			`INSERT INTO "public"."outbox" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)`, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := New(tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stmts, _, err := w.statements(tc.ctx, tc.events)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stmts[0].sql != tc.want {
+				t.Fatalf("statement:\n got %s\nwant %s", stmts[0].sql, tc.want)
+			}
+			if stmts[0].traced != (tc.wantArg != nil) {
+				t.Fatalf("traced = %v", stmts[0].traced)
+			}
+			for i, want := range tc.wantArg {
+				if got := stmts[0].args[i]; got != want {
+					t.Errorf("argument $%d = %q, want %q", i+1, got, want)
+				}
+			}
+			if tc.cfg.Mode == ModeDeleteAfterInsert && (len(stmts) != 2 || !strings.HasPrefix(stmts[1].sql, "DELETE")) {
+				t.Fatalf("delete-after-insert: %+v", stmts)
+			}
+		})
+	}
+}
+
+// TestTraceMessage: ModeMessage carries the trace context as a member of
+// the content, which route.RowFromMessage reads as a column.
+func TestTraceMessage(t *testing.T) {
+	w, _ := New(Config{Mode: ModeMessage})
+	for _, tc := range []struct {
+		ctx  context.Context
+		want string // "" = no member
+	}{{context.Background(), ""}, {traced(t, ""), "traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\n"}} {
+		stmts, _, err := w.statements(tc.ctx, []Event{{AggregateType: "O", AggregateID: "o", Type: "T"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(stmts[0].args[1].(string)), &m); err != nil {
+			t.Fatal(err)
+		}
+		got, ok := m["tracingspancontext"]
+		if tc.want == "" && ok || tc.want != "" && got != tc.want {
+			t.Errorf("tracingspancontext member = %v (present %v), want %q", got, ok, tc.want)
+		}
+	}
+}
+
+func TestTraceColumnConfig(t *testing.T) {
+	for _, bad := range []string{"payload", `a"b`, "a b"} {
+		if _, err := New(Config{TraceColumn: bad}); err == nil {
+			t.Errorf("TraceColumn %q: no error", bad)
+		}
+	}
+}
+
+// BenchmarkStatements: what a traced write adds to building the statement,
+// and that an untraced one pays only the span context lookup.
+func BenchmarkStatements(b *testing.B) {
+	w, _ := New(Config{})
+	evs := []Event{{AggregateType: "Order", AggregateID: "o-1", Type: "OrderPlaced", Payload: map[string]int{"n": 1}}}
+	for _, bc := range []struct {
+		name string
+		ctx  context.Context
+	}{{"untraced", context.Background()}, {"traced", traced(b, "congo=t61rcWkgMzE")}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := w.statements(bc.ctx, evs); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}

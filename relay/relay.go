@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
 	"github.com/twmb/franz-go/plugin/kslog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgdurable"
 	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
@@ -67,6 +68,9 @@ type Relay struct {
 	pollOwned   atomic.Int64
 	oldest      oldestWatch  // poll mode: the table's oldest unpublished row
 	pollScanned atomic.Int64 // poll mode: rows the table's scans fetched, by the server's statistics
+
+	// tracer is SetTracer's (nil: no relay spans).
+	tracer trace.Tracer
 
 	elector *lease.Elector
 	lead    atomic.Pointer[leadership] // the current or last term
@@ -437,12 +441,19 @@ func (r *Relay) producerConfig(headers []kgo.RecordHeader, valid func() bool) pu
 		TopicPartitions: int32(r.cfg.TopicPartitions), TopicReplication: int16(r.cfg.TopicReplicationFactor),
 		TopicConfigs: r.cfg.TopicConfigs, Headers: func() []kgo.RecordHeader { return headers }, Published: &r.published,
 		Transactional: r.cfg.Transactional, TxnInterval: r.cfg.TxnInterval, TxnMaxRecords: r.cfg.MaxInFlight,
-		Poison: &r.poison, Valid: valid, Faults: r.faults,
+		Poison: &r.poison, Valid: valid, Faults: r.faults, Tracer: r.tracer,
 		// A producer waiting for what only an operator can fix (a missing
 		// topic) says so in /readyz detail.
 		Blocked: func(reason string) { r.lastErr.Store(&reason) },
 	}
 }
+
+// SetTracer gives every record that carries a trace context (the outbox
+// row's tracingspancontext) a span of the relay hop, from its commit to
+// Kafka's ack, whose context the record's traceparent header then names
+// (see package publish). Call it before Run; without it (the default) no
+// span is made.
+func (r *Relay) SetTracer(t trace.Tracer) { r.tracer = t }
 
 // retryAfter records that a session failed with err (the last error, the
 // reconnect counter, a log line naming what was interrupted) and returns

@@ -13,8 +13,10 @@ import (
 //
 // Debezium, with OpenTelemetry on its class path, extracts this context as
 // the parent of a "db-log-write" span and injects that new span's context;
-// we have no span of our own, so the application's context goes out as is:
-// same trace id and flags, the application's span id as parent.
+// the router has no span of its own, so the application's context goes out
+// as is: same trace id and flags, the application's span id as parent. The
+// connector, when it traces, makes its relay span a child of it and points
+// the header at that span (relay/publish, trace.go).
 func traceContext(text []byte) (traceparent, tracestate []byte, ok bool) {
 	props := properties.Parse(text)
 	tp, found := props.Get("traceparent")

@@ -19,10 +19,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 
 	"github.com/pgoutbox/pgoutbox/examples/fulfillment/fulfill"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 )
 
 func main() {
@@ -62,6 +64,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return errors.New("OUTBOX_KAFKA_BROKERS: missing; set it to host:9092[,host:9092]")
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	// With an OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT), the
+	// spans go out to it: the global provider is what inbox uses.
+	tp, err := tracing.Start(ctx, getenv, "fulfillment", log)
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		otel.SetTracerProvider(tp)
+		defer tracing.Shutdown(tp, 5*time.Second, log)
+	}
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)

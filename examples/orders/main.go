@@ -22,9 +22,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 
 	"github.com/pgoutbox/pgoutbox/examples/orders/order"
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/tracing"
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
 
@@ -67,6 +69,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("component", "orders")
+	// With an OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT), the
+	// spans go out to it: the global provider is what order.Handler uses.
+	tp, err := tracing.Start(ctx, getenv, "orders", log)
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		otel.SetTracerProvider(tp)
+		defer tracing.Shutdown(tp, 5*time.Second, log)
+	}
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)

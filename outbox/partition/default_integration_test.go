@@ -253,7 +253,7 @@ func TestMaintainMoveKeepsColumns(t *testing.T) {
 			`ALTER TABLE outbox DETACH PARTITION outbox_default`,
 			`DROP TABLE outbox_default`,
 			`CREATE TABLE outbox_default (id uuid NOT NULL, aggregateid varchar(255) NOT NULL, aggregatetype varchar(255) NOT NULL,
-				type varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`,
+				type varchar(255) NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now(), tracingspancontext text)`,
 			`ALTER TABLE outbox ATTACH PARTITION outbox_default DEFAULT`,
 		}},
 		{"a generated column", []string{

@@ -2,11 +2,13 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -76,9 +78,10 @@ type partKey struct {
 // record costs no promise closure of its own.
 type recEvent struct {
 	context.Context
-	ev  wal.Event
-	id  rowID
-	dlq bool
+	ev   wal.Event
+	id   rowID
+	dlq  bool
+	span trace.Span // the relay span (Config.Tracer), or nil
 }
 
 // runIdem is Run in idempotent mode.
@@ -179,6 +182,9 @@ func (p *Producer) sendIdem(ctx context.Context, ev wal.Event, id rowID, rec *kg
 		halt = ctx
 	}
 	*re = recEvent{Context: halt, ev: ev, id: id, dlq: dlq}
+	if !dlq { // a dead letter's record is not the one the span named
+		re.span, p.span = p.span, nil
+	}
 	rec.Context = re
 	p.client.Produce(ctx, rec, p.promise)
 	return nil
@@ -189,14 +195,24 @@ func (p *Producer) sendIdem(ctx context.Context, ev wal.Event, id rowID, rec *kg
 func (p *Producer) idemPromise(r *kgo.Record, err error) {
 	p.answers.Add(1)
 	re := r.Context.(*recEvent)
-	ev, id, dlq := re.ev, re.id, re.dlq
-	re.ev = wal.Event{} // the slab outlives the event
+	ev, id, dlq, span := re.ev, re.id, re.dlq, re.span
+	re.ev, re.span = wal.Event{}, nil // the slab outlives the event
 	if err == nil {
 		if p.overtook(r, ev) {
+			if span != nil {
+				endSpan(span, errOvertook)
+			}
 			return
+		}
+		if span != nil {
+			ackSpan(span, r)
+			endSpan(span, nil)
 		}
 		p.acked(ev, r.Topic, dlq)
 		return
+	}
+	if span != nil {
+		endSpan(span, err)
 	}
 	var herr error
 	rank := 1
@@ -243,6 +259,10 @@ func (p *Producer) idemPromise(r *kgo.Record, err error) {
 	}
 }
 
+// errOvertook ends the span of a record acked after a failure of its key
+// (overtook): it is published again, in its place, with a span of its own.
+var errOvertook = errors.New("acked out of order after an earlier record of its key failed; published again")
+
 // overtook reports a record Kafka acked after an earlier record of its key
 // failed on its partition (see "The window" above), and says so.
 func (p *Producer) overtook(r *kgo.Record, ev wal.Event) bool {
@@ -286,6 +306,13 @@ func (p *Producer) aloneIdem(ctx context.Context, ev wal.Event, rec *kgo.Record,
 	case err = <-res:
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	if p.span != nil && !dlq {
+		if err == nil {
+			ackSpan(p.span, rec)
+		}
+		endSpan(p.span, err)
+		p.span = nil
 	}
 	switch classify(err) {
 	case faultNone:

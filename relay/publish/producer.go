@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	faultstep "github.com/pgoutbox/pgoutbox/relay/fault"
@@ -74,6 +75,10 @@ type Config struct {
 	Valid func() bool
 	// Faults, set by tests only, fails or stops the producer at a step.
 	Faults faultstep.Hook
+	// Tracer, when set, gives each record that carries a trace context
+	// a span for the relay hop and points its traceparent header at it
+	// (see trace.go). nil (no OTLP endpoint configured): no span, no cost.
+	Tracer trace.Tracer
 	// Blocked, when set, is told what holds the line back while the
 	// producer waits for something only an operator can fix (a topic that
 	// does not exist with TopicCreate off), and "" once it no longer does;
@@ -120,19 +125,25 @@ type Producer struct {
 	eo  exactly    // the exactly-once position (Config.Offsets)
 	idm idemState  // idempotent mode
 
+	// span is the relay span of the record in hand (Config.Tracer), from
+	// produce to sendIdem or sendTxn, which keep it with the record.
+	span trace.Span
+	// aggField is the router's route.by.field, an attribute of the span.
+	aggField string
+
 	promise func(*kgo.Record, error) // idemPromise, made once
 	slab    []recEvent
 }
 
 // New returns a producer.
 func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Pool, log *slog.Logger, m *metrics.Metrics) *Producer {
-	idField := route.DefaultConfig().FieldEventID
+	idField, aggField := route.DefaultConfig().FieldEventID, route.DefaultConfig().RouteByField
 	if router != nil {
-		idField = router.Config().FieldEventID
+		idField, aggField = router.Config().FieldEventID, router.Config().RouteByField
 	}
 	p := &Producer{
 		cfg: cfg, client: client, admin: kadm.NewClient(client), router: router, pool: pool, log: log, metrics: m,
-		topics: map[string]bool{}, idField: idField, topicWatch: topicWatchEvery,
+		topics: map[string]bool{}, idField: idField, aggField: aggField, topicWatch: topicWatchEvery,
 	}
 	p.eo.init(cfg.Offsets)
 	if cfg.Offsets != nil {
@@ -342,8 +353,23 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 			return err
 		}
 	}
+	if p.cfg.Tracer != nil {
+		p.span = p.relaySpan(ev, rec)
+		defer func() {
+			// A record that went no further (refused before it was
+			// produced, the session ending) ends its span here.
+			if p.span != nil {
+				endSpan(p.span, errNotProduced)
+				p.span = nil
+			}
+		}()
+	}
 	return p.send(ctx, ev, id, rec, "", nil)
 }
+
+// errNotProduced ends the span of a record that was not produced as itself
+// (dead-lettered instead, or the session ended first).
+var errNotProduced = errors.New("record not produced")
 
 // send produces rec, the record of ev, in the mode's way, unless Kafka
 // refused it before (see Poison): a suspect is produced alone, a guilty one

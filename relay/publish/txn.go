@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	faultstep "github.com/pgoutbox/pgoutbox/relay/fault"
@@ -65,6 +66,7 @@ type txnRec struct {
 	intended string // for a DLQ record, the topic the event was meant for
 	dlq      bool
 	size     int
+	span     trace.Span // the relay span (Config.Tracer), or nil
 }
 
 type txnState struct {
@@ -263,7 +265,11 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 			p.txn.timer.Reset(p.cfg.TxnInterval)
 		}
 	}
-	p.txn.recs = append(p.txn.recs, txnRec{txn: ev.Txn, id: id, commit: ev.Row.Source.CommitTime, topic: rec.Topic, intended: intended, dlq: dlq, size: size})
+	var span trace.Span
+	if !dlq { // a dead letter's record is not the one the span named
+		span, p.span = p.span, nil
+	}
+	p.txn.recs = append(p.txn.recs, txnRec{txn: ev.Txn, id: id, commit: ev.Row.Source.CommitTime, topic: rec.Topic, intended: intended, dlq: dlq, size: size, span: span})
 	if p.txn.promise == nil {
 		p.txn.promise = p.txnPromise
 	}
@@ -272,7 +278,7 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 	}
 	ri := &p.txn.slab[0]
 	p.txn.slab = p.txn.slab[1:]
-	*ri = recIndex{Context: ctx, i: len(p.txn.recs) - 1}
+	*ri = recIndex{Context: ctx, i: len(p.txn.recs) - 1, span: span}
 	rec.Context = ri
 	p.txnClient().Produce(ctx, rec, p.txn.promise)
 	p.in(ev, id)
@@ -285,13 +291,20 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 // records are not kept after Kafka acknowledged them.
 type recIndex struct {
 	context.Context
-	i int
+	i    int
+	span trace.Span // the relay span, told where Kafka put the record
 }
 
 // txnPromise is the promise of every record produced in a transaction.
 func (p *Producer) txnPromise(r *kgo.Record, err error) {
 	p.answers.Add(1)
 	if err == nil {
+		if ri, ok := r.Context.(*recIndex); ok && ri.span != nil {
+			// Ended at the commit (finish): Kafka's ack of a record
+			// in a transaction is its commit.
+			ackSpan(ri.span, r)
+			ri.span = nil
+		}
 		return
 	}
 	i := -1 // not produced by sendTxn (cannot happen): fails the transaction
@@ -449,6 +462,9 @@ func (p *Producer) settle() error {
 // acked, or the error says why not.
 func (p *Producer) finish(pc *pendingCommit, err error) error {
 	p.txn.pending = nil
+	if p.cfg.Tracer != nil {
+		endTxnSpans(pc.recs, err)
+	}
 	if err != nil {
 		// Ended promptly, so that read_committed consumers (and the next
 		// session's read of the position) are not held back until a new
@@ -657,6 +673,9 @@ func (p *Producer) abort() error {
 		}
 	}
 	p.txn.open = false
+	if p.cfg.Tracer != nil {
+		endTxnSpans(p.txn.recs, errAborted)
+	}
 	clear(p.txn.recs)
 	p.txn.recs = p.txn.recs[:0]
 	p.mu.Lock()
@@ -666,6 +685,9 @@ func (p *Producer) abort() error {
 	p.eo.aborted()
 	return perr
 }
+
+// errAborted ends the spans of an aborted Kafka transaction's records.
+var errAborted = errors.New("the Kafka transaction was aborted; read again from the confirmed position")
 
 // graver is the graver of two errors of one failure, for the session's
 // verdict: a fatal error (the connector stops) before a fenced one (the

@@ -24,6 +24,8 @@ CREATE TABLE IF NOT EXISTS public.outbox (
     type          varchar(255) NOT NULL,
     payload       jsonb,
     created_at    timestamptz  NOT NULL DEFAULT now(),
+    -- The writer's W3C trace context, as in sql/001_outbox.sql.
+    tracingspancontext text,
     -- A primary key of a partitioned table must contain the partition key.
     PRIMARY KEY (id, created_at)
 ) PARTITION BY RANGE (created_at);

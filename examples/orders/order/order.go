@@ -19,6 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/pgoutbox/pgoutbox/outbox"
 )
@@ -91,8 +93,13 @@ type Placer interface {
 }
 
 // Handler serves POST /orders {"customer": "...", "amount_cents": 1234}
-// with 201 and the order as JSON.
-func Handler(p Placer) http.Handler {
+// with 201 and the order as JSON. Each request runs in an HTTP server span
+// (otelhttp; the global TracerProvider unless opts name one, a no-op until
+// the program installs one), which continues a W3C traceparent the caller
+// sent; its ctx reaches the outbox write, which stores the trace context
+// with the event, so the connector's relay span and the consumer's handler
+// span join the request's trace.
+func Handler(p Placer, opts ...otelhttp.Option) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
 		var o Order
@@ -115,7 +122,13 @@ func Handler(p Placer) http.Handler {
 		_ = json.NewEncoder(w).Encode(placed)
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	return mux
+	opts = append([]otelhttp.Option{
+		// W3C's whatever the global propagator is (a no-op by default).
+		otelhttp.WithPropagators(propagation.TraceContext{}),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method + " " + r.URL.Path }),
+		otelhttp.WithFilter(func(r *http.Request) bool { return r.URL.Path != "/healthz" }),
+	}, opts...)
+	return otelhttp.NewHandler(mux, "orders", opts...)
 }
 
 // NaiveService is the dual write the outbox replaces: commit the order,
