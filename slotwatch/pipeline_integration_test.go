@@ -469,10 +469,12 @@ func TestAuditMillion(t *testing.T) {
 	if !strings.HasPrefix(summary, fmt.Sprintf("audited %d events", n)) {
 		t.Errorf("summary %q; want %d audited", summary, n)
 	}
-	// Holding a million ids in a map would take well over 100 MiB; the
-	// audit holds a few sort chunks and one fetch (54 MiB measured).
-	if rss > 80<<20 {
-		t.Errorf("peak RSS %.1f MiB; want under 80 MiB (bounded memory)", float64(rss)/(1<<20))
+	// The audit's heap stays near 20 MiB whatever the window (a few sort
+	// chunks and one fetch, under a 32 MiB soft limit); the resident set
+	// measured 52 to 141 MiB across runs on 2 busy cores. Holding a
+	// million ids and their records at once would take several hundred.
+	if rss > 160<<20 {
+		t.Errorf("peak RSS %.1f MiB; want under 160 MiB (bounded memory)", float64(rss)/(1<<20))
 	}
 }
 
