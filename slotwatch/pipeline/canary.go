@@ -167,6 +167,13 @@ func (c *Canary) writeOne(ctx context.Context, seq int64) error {
 	if err != nil {
 		return err
 	}
+	// Noted before the commit, so that a canary read back before the
+	// commit's reply reaches us is still timed (from slightly earlier);
+	// the commit's return time replaces it when the record has not come.
+	key := id.String()
+	c.mu.Lock()
+	c.sent[key] = time.Now()
+	c.mu.Unlock()
 	err = pgx.BeginFunc(ctx, c.o.DB, func(tx pgx.Tx) error {
 		_, err := c.o.Writer.Write(ctx, tx, outbox.Event{
 			ID: id, AggregateType: CanaryAggregateType, AggregateID: c.instance, Type: "Canary",
@@ -174,11 +181,16 @@ func (c *Canary) writeOne(ctx context.Context, seq int64) error {
 		})
 		return err
 	})
+	c.mu.Lock()
 	if err != nil {
+		// Rolled back, or its fate unknown (the commit's reply lost): a
+		// canary that committed anyway is still counted when it arrives.
+		c.mu.Unlock()
 		return err
 	}
-	c.mu.Lock()
-	c.sent[id.String()] = time.Now()
+	if _, waiting := c.sent[key]; waiting {
+		c.sent[key] = time.Now()
+	}
 	c.mu.Unlock()
 	c.o.Metrics.canarySent.Inc()
 	return nil
