@@ -36,10 +36,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -130,6 +132,53 @@ type Writer struct {
 	newID  func() (uuid.UUID, error)
 	// traceColumn is Config.TraceColumn ("" when off).
 	traceColumn string
+	// traceColumnState is what the first traced write found: whether the
+	// table has traceColumn (columnUnknown until then).
+	traceColumnState atomic.Int32
+}
+
+// The states of Writer.traceColumnState.
+const (
+	columnUnknown int32 = iota
+	columnPresent
+	columnAbsent
+)
+
+// traceColumnProbe asks whether a table (to_regclass of the quoted name)
+// has a column.
+const traceColumnProbe = `SELECT EXISTS (SELECT 1 FROM pg_attribute
+	WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`
+
+// traceFor is the trace context to write with, "" when there is none or
+// the table cannot hold it. The first traced write of a table-mode Writer
+// looks the column up in the caller's transaction (probe) and remembers the
+// answer: a table made before the column takes traced writes without their
+// trace (logged once) instead of failing them, since the trace is not the
+// event. A column added later is used after a restart.
+func (w *Writer) traceFor(ctx context.Context, probe func(sql string, args ...any) (bool, error)) (string, error) {
+	tc := w.traceContext(ctx)
+	if tc == "" || w.mode == ModeMessage {
+		return tc, nil
+	}
+	switch w.traceColumnState.Load() {
+	case columnPresent:
+		return tc, nil
+	case columnAbsent:
+		return "", nil
+	}
+	ok, err := probe(traceColumnProbe, w.table, w.traceColumn)
+	if err != nil {
+		return "", fmt.Errorf("outbox: look up the trace context column %s of %s: %w", w.traceColumn, w.table, err)
+	}
+	if ok {
+		w.traceColumnState.Store(columnPresent)
+		return tc, nil
+	}
+	if w.traceColumnState.CompareAndSwap(columnUnknown, columnAbsent) {
+		slog.Default().Warn("outbox: the table has no trace context column; events are written without the caller's trace (add the column, sql/001_outbox.sql, and restart to carry it, or set outbox.Config.TraceColumn to outbox.TraceColumnOff)",
+			"table", w.table, "column", w.traceColumn)
+	}
+	return "", nil
 }
 
 // Config configures a Writer. The zero Config is table mode on
@@ -151,11 +200,12 @@ type Config struct {
 	// traceparent and tracestate headers. Default "tracingspancontext",
 	// Debezium's tracing.span.context.field; TraceColumnOff never writes
 	// it. Only a ctx carrying a valid span context writes the column, so
-	// an untraced write never names it; a traced write into a table
-	// without the column fails with ErrNoTraceColumn (the transaction
-	// with it: no event is written without its trace, nor lost), and the
-	// fix is the column (sql/001_outbox.sql adds it) or TraceColumnOff.
-	// An event whose Columns set the column keeps its own value.
+	// an untraced write never names it. The first traced write looks the
+	// column up; a table without it takes traced writes without their
+	// trace, logged once (the trace is not the event: the write must not
+	// fail for it). ErrNoTraceColumn is left for a column dropped while
+	// the Writer ran. An event whose Columns set the column keeps its own
+	// value.
 	TraceColumn string
 }
 
@@ -167,7 +217,7 @@ const TraceColumnOff = "-"
 const DefaultTraceColumn = "tracingspancontext"
 
 // ErrNoTraceColumn is Write's error (wrapped) for a traced write into a
-// table that lacks Config.TraceColumn.
+// table that lost Config.TraceColumn after the Writer found it there.
 var ErrNoTraceColumn = errors.New("the outbox table has no trace context column")
 
 // New validates cfg and returns a Writer for it.
@@ -231,7 +281,14 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.
 	if tx == nil {
 		return nil, errNoTx
 	}
-	stmts, ids, err := w.statements(ctx, events)
+	tc, err := w.traceFor(ctx, func(q string, args ...any) (ok bool, err error) {
+		err = tx.QueryRow(ctx, q, args...).Scan(&ok)
+		return ok, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	stmts, ids, err := w.build(tc, events)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +327,14 @@ func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]u
 	if tx == nil {
 		return nil, errNoTx
 	}
-	stmts, ids, err := w.statements(ctx, events)
+	tc, err := w.traceFor(ctx, func(q string, args ...any) (ok bool, err error) {
+		err = tx.QueryRowContext(ctx, q, args...).Scan(&ok)
+		return ok, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	stmts, ids, err := w.build(tc, events)
 	if err != nil {
 		return nil, err
 	}
@@ -352,13 +416,19 @@ func escapeProp(v string) string {
 	return b.String()
 }
 
+// statements is build with ctx's trace context, as if the table had the
+// column (the statement tests).
 func (w *Writer) statements(ctx context.Context, events []Event) ([]statement, []uuid.UUID, error) {
+	return w.build(w.traceContext(ctx), events)
+}
+
+// build makes the statements of one write. tc is the trace context of the
+// whole write (the events are the caller's span's); an event that sets the
+// column itself keeps its value.
+func (w *Writer) build(tc string, events []Event) ([]statement, []uuid.UUID, error) {
 	if len(events) == 0 {
 		return nil, nil, nil
 	}
-	// One trace context for the whole write: the events are the caller's
-	// span's. An event that sets the column itself keeps its value.
-	tc := w.traceContext(ctx)
 	ids := make([]uuid.UUID, len(events))
 	payloads := make([]any, len(events))
 	for i := range events {
