@@ -23,6 +23,10 @@ DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_attribute
                    WHERE attrelid = 'public.outbox'::regclass AND attname = 'tracingspancontext' AND NOT attisdropped) THEN
+        -- ADD COLUMN takes an ACCESS EXCLUSIVE lock: queued behind a long
+        -- transaction it would hold up every writer of the outbox. Give up
+        -- after 5 s instead; apply the file again when the table is quiet.
+        PERFORM set_config('lock_timeout', '5s', true);
         ALTER TABLE public.outbox ADD COLUMN tracingspancontext text;
     END IF;
 END

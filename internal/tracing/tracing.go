@@ -11,6 +11,7 @@ package tracing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -58,7 +59,14 @@ func Start(ctx context.Context, getenv func(string) string, service string, log 
 	res, err := resource.New(ctx, resource.WithAttributes(attribute.String("service.name", service)),
 		resource.WithTelemetrySDK(), resource.WithFromEnv())
 	if err != nil {
-		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+		// A typo in the resource attributes must not stop the relay: the
+		// partial resource (what did parse) is used, and it is said.
+		if !errors.Is(err, resource.ErrPartialResource) || res == nil {
+			log.Warn("tracing: the resource attributes do not parse; spans carry the service name only", "err", err)
+			res = resource.NewSchemaless(attribute.String("service.name", service))
+		} else {
+			log.Warn("tracing: some resource attributes (OTEL_RESOURCE_ATTRIBUTES) do not parse; the others are used", "err", err)
+		}
 	}
 	// An export that fails is the collector's problem, never the relay's:
 	// logged, the spans dropped.
