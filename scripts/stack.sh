@@ -42,7 +42,27 @@ kafka_running() {
 	[[ -f "$dir/kafka/pid" ]] || return 1
 	local pid
 	pid="$(cat "$dir/kafka/pid")"
-	kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka '
+	kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $dir/kafka/server.properties"
+}
+
+# The state directory is only ever changed (chmod, rm) when it is this
+# script's: made by it, or found empty, owned by the user and marked. A
+# directory named by mistake (OUTBOX_STACK_DIR=/var/tmp, or $HOME) is
+# refused, and a directory another user made in /var/tmp beforehand (with
+# links planted in it) is never written through.
+marker=".pgoutbox-stack"
+own_dir() {
+	[[ -d "$dir" && ! -L "$dir" && -O "$dir" && -f "$dir/$marker" && ! -L "$dir/$marker" ]]
+}
+claim_dir() {
+	if [[ ! -e "$dir" && ! -L "$dir" ]]; then
+		mkdir -p -- "$(dirname -- "$dir")"
+		mkdir -m 700 -- "$dir"
+		touch -- "$dir/$marker"
+	elif [[ -d "$dir" && ! -L "$dir" && -O "$dir" && -z "$(ls -A -- "$dir")" ]]; then
+		touch -- "$dir/$marker"
+	fi
+	own_dir || die "$dir is not a stack directory of $(id -un) (it must be one this script made: owned by you, not a link, marked with $marker); set OUTBOX_STACK_DIR to a new path such as /var/tmp/pgoutbox-stack-$(id -un)"
 }
 
 psql_() {
@@ -50,6 +70,7 @@ psql_() {
 }
 
 print_env() {
+	own_dir || die "$dir is not a stack directory of $(id -un)"
 	cat "$dir/env"
 	echo "stack.sh: PostgreSQL on 127.0.0.1:$port (database outbox), Kafka on $(cat "$dir/kafka/brokers"); state in $dir" >&2
 	echo "stack.sh: export the lines above (eval \"\$(make -s up)\", or source $dir/env); make down stops both" >&2
@@ -82,7 +103,7 @@ up() {
 	trap undo EXIT
 	local bin
 	bin="$(pgbin)"
-	mkdir -p "$dir"
+	claim_dir
 	if [[ $(id -u) -eq 0 ]]; then
 		chmod 755 "$dir"
 		runuser -u postgres -- test -x "$dir" ||
@@ -92,7 +113,7 @@ up() {
 		rm -rf "$dir/pg"
 		mkdir -p "$dir/pg"
 		created=true
-		if [[ $(id -u) -eq 0 ]]; then chown postgres "$dir/pg"; fi
+		if [[ $(id -u) -eq 0 ]]; then chown -h postgres "$dir/pg"; fi
 		quiet "stack.sh: initdb" "${asuser[@]}" "$bin/initdb" -D "$data" -U postgres -A trust -E UTF8 --locale=C
 		cat >>"$data/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'
@@ -119,17 +140,24 @@ CONF
 		"$here/kafka.sh" start "$dir/kafka" >/dev/null 2>"$dir/kafka.start.log" ||
 			{ cat "$dir/kafka.start.log" >&2; die "Kafka did not start"; }
 	fi
-	cat >"$dir/env" <<ENV
+	local envtmp
+	envtmp="$(mktemp "$dir/env.XXXXXX")"
+	cat >"$envtmp" <<ENV
 export OUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$port/outbox?sslmode=disable'
 export SLOTWATCH_PG_DSN='postgres://postgres@127.0.0.1:$port/outbox?sslmode=disable'
 export OUTBOX_KAFKA_BROKERS='$(cat "$dir/kafka/brokers")'
 ENV
+	chmod 644 "$envtmp"
+	mv -f -- "$envtmp" "$dir/env"
 	trap - EXIT
 	print_env
 }
 
 down() {
 	local stopped=()
+	if [[ -e "$dir" ]] && ! own_dir; then
+		die "$dir is not a stack directory of $(id -un) (no $marker marker owned by you); nothing stopped"
+	fi
 	if kafka_running; then
 		"$here/kafka.sh" stop "$dir/kafka"
 		stopped+=("Kafka")
@@ -152,6 +180,9 @@ down() {
 case "${1:-}" in
 up) up ;;
 down) down ;;
-reset) down reset; rm -rf "$dir"; echo "stack.sh: removed $dir" >&2 ;;
+reset)
+	down reset
+	if own_dir; then rm -rf -- "$dir"; echo "stack.sh: removed $dir" >&2; else echo "stack.sh: $dir does not exist" >&2; fi
+	;;
 *) echo "usage: stack.sh up|down|reset" >&2; exit 2 ;;
 esac

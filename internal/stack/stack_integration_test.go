@@ -145,3 +145,36 @@ func running(t testing.TB, dir string) int {
 	}
 	return n
 }
+
+// TestForeignStateDir: a state directory the script did not make (a
+// mistaken OUTBOX_STACK_DIR such as /var/tmp or $HOME, or one another user
+// prepared) is refused by up, down and reset, and left as it was.
+func TestForeignStateDir(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := t.TempDir()
+	keep := filepath.Join(foreign, "precious")
+	if err := os.WriteFile(keep, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(foreign, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"down", "reset"} {
+		c := exec.Command(filepath.Join(root, "scripts", "stack.sh"), cmd)
+		c.Env = append(os.Environ(), "OUTBOX_STACK_DIR="+foreign)
+		out, err := c.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "is not a stack directory") {
+			t.Errorf("stack.sh %s on a foreign directory: %v, %s; want a refusal", cmd, err, out)
+		}
+	}
+	fi, err := os.Stat(foreign)
+	if err != nil || fi.Mode()&os.ModePerm != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+		t.Errorf("the foreign directory changed: %v, %v", fi.Mode(), err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("a file in the foreign directory is gone: %v", err)
+	}
+}
