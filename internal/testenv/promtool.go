@@ -20,11 +20,17 @@ func Promtool(t testing.TB, version string) string {
 	if p := os.Getenv("PROMTOOL"); p != "" {
 		return p
 	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
+	// Where scripts/install.sh builds it: OUTBOX_CACHE_DIR, else
+	// $HOME/.cache/pgoutbox.
+	cache := os.Getenv("OUTBOX_CACHE_DIR")
+	if cache == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			home = os.TempDir()
+		}
+		cache = filepath.Join(home, ".cache", "pgoutbox")
 	}
-	dir := filepath.Join(cache, "pgoutbox", "promtool-"+version)
+	dir := filepath.Join(cache, "promtool-"+version)
 	bin := filepath.Join(dir, "promtool")
 	if _, err := os.Stat(bin); err == nil {
 		return bin
