@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/route"
 	"github.com/pgoutbox/pgoutbox/slotwatch/audit"
@@ -26,9 +27,17 @@ const auditMemoryLimit = 32 << 20
 // errMissing makes `slotwatch audit` exit 1 after its report.
 var errMissing = errors.New("events are missing")
 
+// exitAuditFailed is the exit status of an audit that could not finish:
+// not 1, which says events are missing, nor 2, a usage error.
+const exitAuditFailed = 3
+
+// deadLetterTable is where the connector keeps events too large for any
+// topic (sql/003_dead_letter.sql): they are dead-lettered, not missing.
+const deadLetterTable = "public.outbox_dead_letter"
+
 // auditCmd is `slotwatch audit -since TIME [-until TIME]`: one audit of a
 // window, one line per missing event, a summary, exit 1 when any is
-// missing.
+// missing, 3 when the audit could not finish.
 func auditCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("slotwatch audit", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -37,6 +46,7 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	o.Bind(b)
 	var since, until, table, idCol, timeCol, aggType, match string
 	var chunk int
+	var skew time.Duration
 	fs.StringVar(&since, "since", "", "start of the window (RFC 3339, e.g. 2026-12-04T10:00:00Z); required")
 	fs.StringVar(&until, "until", "", "end of the window (RFC 3339; default now − the grace period)")
 	fs.StringVar(&table, "table", "", "table to audit (default OUTBOX_TABLE); a service's own table for a dual write")
@@ -44,9 +54,10 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&timeCol, "time-column", "created_at", "timestamptz column that bounds the window")
 	fs.StringVar(&aggType, "aggregate-type", "", "every row's aggregate type, for a table without one (default: the router's route.by.field column)")
 	fs.StringVar(&match, "match", string(audit.MatchHeader), "where records carry the id: header (the router's id header) or key")
+	fs.DurationVar(&skew, "skew", time.Minute, "how far before -since the topics are read: the largest gap between an event's time column and its record's timestamp (clock skew, or OUTBOX_ROUTE_FIELD_EVENT_TIMESTAMP naming another column)")
 	fs.IntVar(&chunk, "sort-chunk", audit.DefaultChunkSize, "ids per chunk of the external sort: memory grows with it, open spill files with the window divided by it")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: slotwatch audit -since TIME [-until TIME] [flags]\n\nReports every event committed in the window that is not in Kafka: one line \"missing <id> …\" each, then a summary; exit 1 when any is missing.\nIt reads SLOTWATCH_OUTBOX_DSN, OUTBOX_KAFKA_*, OUTBOX_TABLE, OUTBOX_DLQ_TOPIC and OUTBOX_ROUTE_* as slotwatch does.")
+		fmt.Fprintln(fs.Output(), "usage: slotwatch audit -since TIME [-until TIME] [flags]\n\nReports every event committed in the window that is not in Kafka: one line \"missing <id> …\" each, then a summary; exit 1 when any is missing, 3 when the audit could not finish.\nIt reads SLOTWATCH_OUTBOX_DSN, OUTBOX_KAFKA_*, OUTBOX_TABLE, OUTBOX_DLQ_TOPIC and OUTBOX_ROUTE_* as slotwatch does.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -67,7 +78,11 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	if since == "" {
 		return errors.New("audit: -since is required (RFC 3339, e.g. 2026-12-04T10:00:00Z)")
 	}
-	opts := audit.Options{Grace: o.AuditGrace, Skew: time.Minute, ChunkSize: chunk, DLQTopic: o.DLQTopic, Match: audit.Match(match)}
+	if skew < 0 {
+		return errors.New("audit: -skew must not be negative")
+	}
+	opts := audit.Options{Grace: o.AuditGrace, Skew: skew, ChunkSize: chunk, DLQTopic: o.DLQTopic, Match: audit.Match(match),
+		HeaderFormat: o.Route.HeaderFormat, KeyFormat: o.Route.KeyFormat}
 	var err error
 	if opts.Since, err = time.Parse(time.RFC3339Nano, since); err != nil {
 		return fmt.Errorf("audit: -since %q is not an RFC 3339 time such as 2026-12-04T10:00:00Z", since)
@@ -88,6 +103,9 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	opts.Source = src
+	if table == "" && idCol == "" && opts.Match == audit.MatchHeader {
+		opts.DeadLetterTable = deadLetterTable
+	}
 	if opts.Topic, err = route.TopicOf(o.Route); err != nil {
 		return fmt.Errorf("audit: routing (OUTBOX_ROUTE_*): %w", err)
 	}
@@ -113,7 +131,7 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	res, err := audit.Run(ctx, db, cl, opts)
 	if err != nil {
-		return fmt.Errorf("audit: %w (nothing was judged; fix the cause and run it again)", err)
+		return &cli.CodeError{Code: exitAuditFailed, Err: fmt.Errorf("audit: %w (the audit did not finish: the lines above, if any, are true but not the whole report; fix the cause and run it again)", err)}
 	}
 	fmt.Fprintln(stdout, res.Summary())
 	if res.Missing > 0 {

@@ -34,6 +34,17 @@ func Usagef(format string, args ...any) error {
 	return &UsageError{Msg: fmt.Sprintf(format, args...)}
 }
 
+// CodeError makes the binary exit with Code after printing Err: for a
+// command whose exit status carries a verdict (slotwatch audit: 1 events
+// are missing, 3 the audit could not finish).
+type CodeError struct {
+	Code int
+	Err  error
+}
+
+func (e *CodeError) Error() string { return e.Err.Error() }
+func (e *CodeError) Unwrap() error { return e.Err }
+
 // Main runs a binary and exits: the process's environment is checked
 // against env (config.CheckUnknownEnv: a variable of its prefixes that the
 // binary does not read is refused, a typo would otherwise run on a
@@ -60,12 +71,16 @@ func Exit(ctx context.Context, name string, environ []string, stderr io.Writer, 
 		err = run(ctx)
 	}
 	var usage *UsageError
+	var coded *CodeError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &usage):
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
+	case errors.As(err, &coded):
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return coded.Code
 	default:
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1

@@ -32,6 +32,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/route"
 )
 
 // Match says where a Kafka record carries the id a row is matched on.
@@ -72,12 +74,24 @@ type Options struct {
 	Topic func(string) (string, error)
 	// Match is where records carry the id (default MatchHeader).
 	Match Match
+	// HeaderFormat and KeyFormat are the router's header and key
+	// converters (OUTBOX_ROUTE_HEADER_FORMAT, _KEY_FORMAT; default string):
+	// the id is compared as text once unwrapped (DecodeID).
+	HeaderFormat, KeyFormat route.Format
 	// DLQTopic is the dead-letter topic, keyed by event id; empty: none.
 	DLQTopic string
+	// DeadLetterTable is the connector's table of events too large for any
+	// topic (public.outbox_dead_letter): an id there is dead-lettered, not
+	// missing. Empty, or a table that does not exist: none.
+	DeadLetterTable string
 	// Since and Until bound the window by TimeColumn: Since ≤ t < Until.
 	Since, Until time.Time
 	// Grace: rows younger than Now − Grace are not judged (they may still
-	// be on their way).
+	// be on their way). It is counted from the time column (created_at,
+	// the inserting transaction's start), not from the commit: a grace
+	// shorter than the longest outbox transaction plus the relay's lag can
+	// judge an event that committed a moment before the audit and is not
+	// in Kafka yet.
 	Grace time.Duration
 	// Skew widens the Kafka side back from Since, for clocks that differ
 	// between PostgreSQL and the relay that stamps the records.
@@ -91,7 +105,8 @@ type Options struct {
 	ChunkSize int
 	// TempDir holds the sort's spill files (default: the system's).
 	TempDir string
-	// Now is the clock (tests).
+	// Now is the clock (tests); default the database's, which stamped the
+	// time column.
 	Now func() time.Time
 	// OnMissing is called for every missing event, in id order.
 	OnMissing func(Missing)
@@ -163,20 +178,26 @@ func ClientOpts() []kgo.Opt {
 	}
 }
 
-// Querier is what an audit needs of PostgreSQL (a *pgx.Conn or a pool).
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+// DB is what an audit needs of PostgreSQL (a *pgx.Conn or a pool): one
+// read-only transaction, so that both of its queries see one snapshot.
+type DB interface {
+	BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error)
 }
 
 // Run audits one window. db reads the table; cl is a Kafka client made
 // with the connection's options only (Run consumes with it by assigning
 // partitions; it must not be a group member). It returns the first error
-// that stops the audit: a partial audit reports nothing.
-func Run(ctx context.Context, db Querier, cl *kgo.Client, o Options) (Result, error) {
+// that stops the audit; every missing event it reported before that error
+// was judged against the whole of Kafka's side, so none is false, but the
+// report is partial.
+//
+// The table is read in one REPEATABLE READ snapshot taken before Kafka's end
+// offsets are listed: a row the audit judges committed before the offsets
+// were listed, so a record of it the relay published in time is read (a row
+// committed during the Kafka read is not in the snapshot and waits for the
+// next audit).
+func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) {
 	start := time.Now()
-	if o.Now == nil {
-		o.Now = time.Now
-	}
 	if o.Match == "" {
 		o.Match = MatchHeader
 	}
@@ -186,8 +207,30 @@ func Run(ctx context.Context, db Querier, cl *kgo.Client, o Options) (Result, er
 	if o.ChunkSize <= 0 {
 		o.ChunkSize = DefaultChunkSize
 	}
+	for _, f := range []struct {
+		what string
+		f    route.Format
+	}{{"header", o.HeaderFormat}, {"key", o.KeyFormat}} {
+		if err := CheckFormat(f.what, f.f); err != nil {
+			return Result{Since: o.Since, Until: o.Until}, err
+		}
+	}
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return Result{Since: o.Since, Until: o.Until}, fmt.Errorf("begin the audit's snapshot: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// The snapshot is taken here, by the transaction's first query.
+	var dbNow time.Time
+	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
+		return Result{Since: o.Since, Until: o.Until}, fmt.Errorf("take the audit's snapshot: %w", err)
+	}
+	now := dbNow
+	if o.Now != nil {
+		now = o.Now()
+	}
 	until := o.Until
-	if due := o.Now().Add(-o.Grace); until.IsZero() || until.After(due) {
+	if due := now.Add(-o.Grace); until.IsZero() || until.After(due) {
 		until = due
 	}
 	res := Result{Since: o.Since, Until: until}
@@ -196,9 +239,18 @@ func Run(ctx context.Context, db Querier, cl *kgo.Client, o Options) (Result, er
 		return res, nil
 	}
 
-	topics, err := routedTopics(ctx, db, o, until)
+	topics, err := routedTopics(ctx, tx, o, until)
 	if err != nil {
 		return res, err
+	}
+	if o.DeadLetterTable != "" {
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, o.DeadLetterTable).Scan(&exists); err != nil {
+			return res, fmt.Errorf("look up %s: %w", o.DeadLetterTable, err)
+		}
+		if !exists {
+			o.DeadLetterTable = ""
+		}
 	}
 	read := make([]string, 0, len(topics)+1)
 	for _, t := range topics {
@@ -221,18 +273,33 @@ func Run(ctx context.Context, db Querier, cl *kgo.Client, o Options) (Result, er
 	})
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go sorter.Sort(sctx)
-	n, readErr := readKafka(sctx, cl, read, o, ids)
+	// Sort returns once it has read every id (the merge then runs in its
+	// own goroutine), or early when it fails, spilling a chunk to disk for
+	// instance: then it reads no more, and the Kafka read must stop
+	// sending instead of waiting for it forever.
+	sortReturned := make(chan struct{})
+	go func() {
+		defer close(sortReturned)
+		sorter.Sort(sctx)
+	}()
+	n, readErr := readKafka(sctx, cl, read, o, ids, sortReturned)
 	close(ids)
 	res.Records = n
 	if readErr != nil {
 		cancel()
+		<-sortReturned
 		drain(sorted)
+		if errors.Is(readErr, errSortStopped) {
+			if serr := <-sortErrs; serr != nil {
+				readErr = fmt.Errorf("sort the ids read from Kafka: %w", serr)
+			}
+		}
 		return res, readErr
 	}
 
-	err = compare(ctx, db, o, until, topics, sorted, &res)
+	err = compare(ctx, tx, o, until, topics, sorted, sortErrs, &res)
 	cancel()
+	<-sortReturned
 	drain(sorted)
 	if err == nil {
 		if serr := <-sortErrs; serr != nil && !errors.Is(serr, context.Canceled) {
@@ -243,13 +310,17 @@ func Run(ctx context.Context, db Querier, cl *kgo.Client, o Options) (Result, er
 	return res, err
 }
 
+// errSortStopped: the external sort returned before it had every id.
+var errSortStopped = errors.New("the sort of the ids stopped early")
+
 func drain(c <-chan string) {
 	for range c {
 	}
 }
 
-// Tags after an id in the sorted stream: a routed record sorts before a
-// dead letter of the same id.
+// Tags after an id in the sorted stream, telling a routed record from a
+// dead letter of the same id (both sort after the bare id, so an id that
+// is a prefix of another still sorts first).
 const (
 	tagRouted = "\x00r"
 	tagDLQ    = "\x00d"
@@ -258,7 +329,7 @@ const (
 // routedTopics maps the route values present in the window to their
 // topics. An unroutable value has none: its events are reported missing
 // with an empty topic.
-func routedTopics(ctx context.Context, db Querier, o Options, until time.Time) (map[string]string, error) {
+func routedTopics(ctx context.Context, db pgx.Tx, o Options, until time.Time) (map[string]string, error) {
 	byValue := map[string]string{}
 	if o.Source.RouteColumn == "" {
 		t, err := o.Topic(o.Source.AggregateType)
@@ -302,7 +373,7 @@ func routedTopics(ctx context.Context, db Querier, o Options, until time.Time) (
 
 // readKafka sends every id on topics from Since − Skew up to the end
 // offsets listed now to ids, tagged, and returns how many records it read.
-func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ids chan<- string) (int64, error) {
+func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ids chan<- string, sortReturned <-chan struct{}) (int64, error) {
 	if len(topics) == 0 {
 		return 0, nil
 	}
@@ -397,14 +468,16 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 			}
 			reached[r.Topic][r.Partition] = r.Offset
 			if r.Offset < end && !r.Attrs.IsControl() {
-				id := recordID(r, o.Match, r.Topic == o.DLQTopic)
-				if id != "" {
+				id, ok := recordID(r, o, r.Topic == o.DLQTopic)
+				if ok && id != "" {
 					tag := tagRouted
 					if r.Topic == o.DLQTopic {
 						tag = tagDLQ
 					}
 					select {
 					case ids <- id + tag:
+					case <-sortReturned:
+						return n, errSortStopped
 					case <-ctx.Done():
 						return n, ctx.Err()
 					}
@@ -431,71 +504,124 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 }
 
 // recordID is the id a record carries: a dead letter's key is the event
-// id; a routed record's id is in its id header or its key.
-func recordID(r *kgo.Record, m Match, dlq bool) string {
-	if dlq || m == MatchKey {
-		return string(r.Key)
+// id, as is; a routed record's id is in its id header or its key, written
+// by the router's header or key converter.
+func recordID(r *kgo.Record, o Options, dlq bool) (string, bool) {
+	switch {
+	case dlq:
+		return string(r.Key), r.Key != nil
+	case o.Match == MatchKey:
+		return DecodeID(r.Key, o.KeyFormat)
 	}
 	for _, h := range r.Headers {
 		if h.Key == "id" {
-			return string(h.Value)
+			return DecodeID(h.Value, o.HeaderFormat)
 		}
 	}
-	return ""
+	return "", false
 }
 
 // compare walks the table's rows in id order beside the sorted ids from
-// Kafka.
-func compare(ctx context.Context, db Querier, o Options, until time.Time, topics map[string]string, sorted <-chan string, res *Result) error {
+// Kafka. Rows that share an id (only with MatchKey: an aggregate with
+// several events) share its records: the k-th row of an id is delivered
+// when at least k records carry it.
+func compare(ctx context.Context, tx pgx.Tx, o Options, until time.Time, topics map[string]string, sorted <-chan string, sortErrs <-chan error, res *Result) error {
 	s := o.Source
-	routeExpr, keyExpr := "NULL::text", "NULL::text"
+	routeExpr, keyExpr, deadExpr, join := "NULL::text", "NULL::text", "false", ""
 	if s.RouteColumn != "" {
-		routeExpr = s.RouteColumn + "::text"
+		routeExpr = "o." + s.RouteColumn + "::text"
 	}
 	if s.KeyColumn != "" {
-		keyExpr = s.KeyColumn + "::text"
+		keyExpr = "o." + s.KeyColumn + "::text"
+	}
+	if o.DeadLetterTable != "" && o.Match != MatchKey {
+		deadExpr = "d.id IS NOT NULL"
+		join = fmt.Sprintf(" LEFT JOIN %s d ON d.id = o.%s::text", o.DeadLetterTable, s.IDColumn)
 	}
 	// COLLATE "C" orders as Go compares strings: bytewise.
-	q := fmt.Sprintf(`SELECT %s::text, %s, %s, %s FROM %s WHERE %s >= $1 AND %s < $2 ORDER BY %s::text COLLATE "C"`,
-		s.IDColumn, routeExpr, keyExpr, s.TimeColumn, s.Table, s.TimeColumn, s.TimeColumn, s.IDColumn)
-	rows, err := db.Query(ctx, q, o.Since, until)
+	q := fmt.Sprintf(`SELECT o.%s::text, %s, %s, o.%s, %s FROM %s o%s WHERE o.%s >= $1 AND o.%s < $2 ORDER BY o.%s::text COLLATE "C", o.%s`,
+		s.IDColumn, routeExpr, keyExpr, s.TimeColumn, deadExpr, s.Table, join, s.TimeColumn, s.TimeColumn, s.IDColumn, s.TimeColumn)
+	rows, err := tx.Query(ctx, q, o.Since, until)
 	if err != nil {
+		if o.DeadLetterTable != "" {
+			return fmt.Errorf("read the ids of %s and %s (outbox_watch needs SELECT (id) on both, sql/006_watch.sql): %w", s.Table, o.DeadLetterTable, err)
+		}
 		return fmt.Errorf("read the ids of %s: %w", s.Table, err)
 	}
 	defer rows.Close()
 
-	next, ok := <-sorted
+	// next reads the sorted stream. When it ends, the sort's error (if
+	// any) is known before any further row is judged: a sort that failed
+	// while merging closes the stream early, and the rows after it would
+	// all look missing.
+	next := func() (string, bool, error) {
+		v, ok := <-sorted
+		if !ok {
+			if err := <-sortErrs; err != nil {
+				return "", false, fmt.Errorf("sort the ids read from Kafka: %w", err)
+			}
+		}
+		return v, ok, nil
+	}
+	cur, ok, err := next()
+	if err != nil {
+		return err
+	}
+	var (
+		group        string // the id of the rows being judged
+		inGroup      bool
+		routed, dead int // records of group not yet matched to a row
+		routedAll    int
+	)
+	endGroup := func() {
+		// More records than rows: each row took one, the rest are copies.
+		if inGroup && routed > 0 {
+			res.Duplicated++
+			if o.OnDuplicate != nil {
+				o.OnDuplicate(group, routedAll)
+			}
+		}
+	}
 	for rows.Next() {
 		var (
 			id      string
 			rv, key *string
 			created time.Time
+			dlt     bool
 		)
-		if err := rows.Scan(&id, &rv, &key, &created); err != nil {
+		if err := rows.Scan(&id, &rv, &key, &created, &dlt); err != nil {
 			return fmt.Errorf("read the ids of %s: %w", s.Table, err)
 		}
 		res.Audited++
-		for ok && idOf(next) < id {
-			next, ok = <-sorted
-		}
-		routed, dead := 0, 0
-		for ok && idOf(next) == id {
-			if strings.HasSuffix(next, tagDLQ) {
-				dead++
-			} else {
-				routed++
+		if !inGroup || id != group {
+			endGroup()
+			group, inGroup, routed, dead = id, true, 0, 0
+			for ok && idOf(cur) < id {
+				if cur, ok, err = next(); err != nil {
+					return err
+				}
 			}
-			next, ok = <-sorted
+			for ok && idOf(cur) == id {
+				if strings.HasSuffix(cur, tagDLQ) {
+					dead++
+				} else {
+					routed++
+				}
+				if cur, ok, err = next(); err != nil {
+					return err
+				}
+			}
+			routedAll = routed
 		}
 		switch {
-		case routed > 1:
-			res.Duplicated++
-			if o.OnDuplicate != nil {
-				o.OnDuplicate(id, routed)
-			}
-		case routed == 0 && dead > 0:
+		case routed > 0:
+			routed--
+		case dead > 0:
+			dead--
 			res.DeadLettered++
-		case routed == 0:
+		case dlt:
+			res.DeadLettered++
+		default:
 			res.Missing++
 			if o.OnMissing != nil {
 				m := Missing{ID: id, CreatedAt: created}
@@ -515,6 +641,7 @@ func compare(ctx context.Context, db Querier, o Options, until time.Time, topics
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read the ids of %s: %w", s.Table, err)
 	}
+	endGroup()
 	return nil
 }
 

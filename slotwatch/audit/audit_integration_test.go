@@ -1,0 +1,255 @@
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/route"
+)
+
+// fixture is one throwaway PostgreSQL with sql/ applied and one in-process
+// Kafka; each case writes its own aggregate type, so cases share both.
+type fixture struct {
+	db      *pgx.Conn
+	brokers string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return &fixture{db: pg.Conn(t, "outbox"), brokers: c.ListenAddrs()[0]}
+}
+
+// event is one outbox row the case writes, and how Kafka holds it.
+type event struct {
+	id, agg string
+	// copies on the routed topic, on the DLQ topic; in the dead-letter table.
+	routed, dlq int
+	table       bool
+}
+
+func (f *fixture) write(t *testing.T, aggType string, evs []event, o Options) {
+	t.Helper()
+	ctx := context.Background()
+	created := time.Now().Add(-2 * time.Minute)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	topic, _ := o.Topic(aggType)
+	for _, e := range evs {
+		if _, err := f.db.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at) VALUES ($1, $2, $3, 'T', '{}', $4)`,
+			e.id, aggType, e.agg, created); err != nil {
+			t.Fatal(err)
+		}
+		if e.table {
+			if _, err := f.db.Exec(ctx, `INSERT INTO outbox_dead_letter (id, row_data, error, error_class) VALUES ($1, '{}', 'too large', 'too-large')`, e.id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := 0; i < e.routed; i++ {
+			r := &kgo.Record{Topic: topic, Key: encode(e.agg, o.KeyFormat), Headers: []kgo.RecordHeader{{Key: "id", Value: encode(e.id, o.HeaderFormat)}}}
+			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := 0; i < e.dlq; i++ {
+			if err := cl.ProduceSync(ctx, &kgo.Record{Topic: o.DLQTopic, Key: []byte(e.id)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// encode writes s as the router's converter f does.
+func encode(s string, f route.Format) []byte {
+	b, _ := json.Marshal(s)
+	switch f {
+	case route.FormatJSON:
+		return b
+	case route.FormatJSONSchema:
+		return []byte(`{"schema":{"type":"string","optional":false},"payload":` + string(b) + `}`)
+	}
+	return []byte(s)
+}
+
+func (f *fixture) audit(t *testing.T, aggType string, o Options) (Result, []string, []string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgx.Connect(ctx, f.db.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close(context.Background())
+	cl, err := kgo.NewClient(append(ClientOpts(), kgo.SeedBrokers(f.brokers))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var missing, dups []string
+	o.Since = time.Now().Add(-10 * time.Minute)
+	o.Grace = time.Minute
+	o.Skew = 20 * time.Minute // the records are stamped now, the rows two minutes ago
+	o.Source.Table, o.Source.IDColumn, o.Source.TimeColumn = `"public"."outbox"`, "id", "created_at"
+	o.Source.RouteColumn, o.Source.KeyColumn = "aggregatetype", "aggregateid"
+	if o.Match == MatchKey {
+		o.Source.IDColumn = "aggregateid"
+	}
+	o.OnMissing = func(m Missing) {
+		if m.AggregateType == aggType {
+			missing = append(missing, m.ID)
+		}
+	}
+	o.OnDuplicate = func(id string, n int) { dups = append(dups, fmt.Sprintf("%s×%d", id, n)) }
+	res, err := Run(ctx, pool, cl, o)
+	if ctx.Err() != nil {
+		t.Fatalf("the audit did not return within a minute (wedged): %v", err)
+	}
+	slices.Sort(missing)
+	return res, missing, dups, err
+}
+
+func baseOptions() Options {
+	topicOf, _ := route.TopicOf(route.DefaultConfig())
+	return Options{Topic: topicOf, DLQTopic: "outbox.dlq"}
+}
+
+func ids(n int) []string {
+	s := make([]string, n)
+	for i := range s {
+		s[i] = uuid.Must(uuid.NewV7()).String()
+	}
+	return s
+}
+
+// TestAuditVerdicts: every way an event can be in Kafka counts, under every
+// header converter; exactly the events that are nowhere are missing.
+func TestAuditVerdicts(t *testing.T) {
+	f := newFixture(t)
+	for i, c := range []struct {
+		name   string
+		format route.Format
+	}{{"string", route.FormatString}, {"json", route.FormatJSON}, {"json-schema", route.FormatJSONSchema}} {
+		t.Run(c.name, func(t *testing.T) {
+			agg := fmt.Sprintf("verdict%d", i)
+			o := baseOptions()
+			o.HeaderFormat = c.format
+			o.DeadLetterTable = "public.outbox_dead_letter"
+			id := ids(6)
+			f.write(t, agg, []event{
+				{id: id[0], agg: "a", routed: 1},
+				{id: id[1], agg: "a", routed: 0}, // lost
+				{id: id[2], agg: "b", routed: 2}, // duplicated
+				{id: id[3], agg: "b", dlq: 1},    // dead-lettered to the topic
+				{id: id[4], agg: "c", table: true},
+				{id: id[5], agg: "c", routed: 0}, // lost
+			}, o)
+			res, missing, dups, err := f.audit(t, agg, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{id[1], id[5]}
+			slices.Sort(want)
+			if !slices.Equal(missing, want) {
+				t.Errorf("missing %v, want %v", missing, want)
+			}
+			if !slices.Contains(dups, id[2]+"×2") {
+				t.Errorf("duplicates %v, want %s×2", dups, id[2])
+			}
+			if res.DeadLettered < 2 {
+				t.Errorf("dead-lettered %d, want the topic's and the table's (2)", res.DeadLettered)
+			}
+		})
+	}
+}
+
+// TestAuditKeyRepeated: with -match key, an aggregate with several rows is
+// delivered row for record; one record short is one missing, not zero, and
+// a second row is not a false duplicate.
+func TestAuditKeyRepeated(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	o.Match = MatchKey
+	id := ids(6)
+	f.write(t, "keyed", []event{
+		{id: id[0], agg: "order-1", routed: 1}, {id: id[1], agg: "order-1", routed: 1}, // two rows, two records
+		{id: id[2], agg: "order-2", routed: 1}, {id: id[3], agg: "order-2"}, // two rows, one record
+		{id: id[4], agg: "order-3", routed: 2}, {id: id[5], agg: "order-4"}, // a copy; one lost
+	}, o)
+	res, missing, dups, err := f.audit(t, "keyed", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Missing reports the matched column: the key.
+	if !slices.Equal(missing, []string{"order-2", "order-4"}) {
+		t.Errorf("missing %v, want [order-2 order-4]", missing)
+	}
+	if !slices.Equal(dups, []string{"order-3×2"}) {
+		t.Errorf("duplicates %v, want [order-3×2]", dups)
+	}
+	if res.Missing != 2 {
+		t.Errorf("result counts %d missing, want 2", res.Missing)
+	}
+}
+
+// TestAuditSpillFails: a sort that cannot write its spill files (a full or
+// read-only disk) fails the audit; before, the Kafka read waited forever
+// on a sort that no longer read, and the audit hung with nothing reported.
+func TestAuditSpillFails(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	var evs []event
+	for _, id := range ids(300) {
+		evs = append(evs, event{id: id, agg: "x", routed: 1})
+	}
+	f.write(t, "spill", evs, o)
+	// A path under a regular file: no spill file can be created there.
+	blocker := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.TempDir = filepath.Join(blocker, "dir")
+	o.ChunkSize = 10
+	_, missing, _, err := f.audit(t, "spill", o)
+	if err == nil {
+		t.Fatal("the audit succeeded although its sort could not spill")
+	}
+	if errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "sort") {
+		t.Errorf("error %q: want the sort's failure", err)
+	}
+	if len(missing) > 0 {
+		t.Errorf("a failed audit reported %d events missing", len(missing))
+	}
+}
+
+// TestAuditUnreadableFormat: a converter the audit cannot read is refused
+// up front instead of reporting every event missing.
+func TestAuditUnreadableFormat(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	o.HeaderFormat = route.FormatAvro
+	if _, _, _, err := f.audit(t, "avro", o); err == nil || !strings.Contains(err.Error(), "header format") {
+		t.Fatalf("err %v, want the header format refused", err)
+	}
+}
