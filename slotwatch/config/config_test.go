@@ -225,3 +225,60 @@ func TestGeneratorURLScheme(t *testing.T) {
 		}
 	}
 }
+
+// TestOutboxValidate: the end-to-end watch's settings, when it is on.
+func TestOutboxValidate(t *testing.T) {
+	base := map[string]string{
+		"SLOTWATCH_PG_DSN":     "postgres://u@db/app",
+		"SLOTWATCH_OUTBOX_DSN": "postgres://outbox_watch@db/app",
+		"OUTBOX_KAFKA_BROKERS": "kafka:9092",
+	}
+	tests := []struct {
+		name string
+		set  map[string]string
+		want string // "" for valid; else text the error must hold
+	}{
+		{"defaults", nil, ""},
+		{"interval is window minus grace", map[string]string{"SLOTWATCH_AUDIT_INTERVAL": "14m"}, ""},
+		// Rounds at t and t+14m judge [t−15m, t−1m) and [t−1m, t+13m): no gap.
+		{"interval leaves a gap", map[string]string{"SLOTWATCH_AUDIT_INTERVAL": "15m"},
+			"SLOTWATCH_AUDIT_INTERVAL (15m0s) must not be longer than SLOTWATCH_AUDIT_WINDOW (15m0s) minus SLOTWATCH_AUDIT_GRACE (1m0s)"},
+		{"grace eats the window", map[string]string{"SLOTWATCH_AUDIT_INTERVAL": "5m", "SLOTWATCH_AUDIT_WINDOW": "10m", "SLOTWATCH_AUDIT_GRACE": "6m"},
+			"SLOTWATCH_AUDIT_INTERVAL (5m0s) must not be longer than"},
+		{"audit off: no gap to leave", map[string]string{"SLOTWATCH_AUDIT_INTERVAL": "0", "SLOTWATCH_AUDIT_WINDOW": "1m"}, ""},
+		{"watch off: not checked", map[string]string{"SLOTWATCH_OUTBOX_DSN": "", "SLOTWATCH_AUDIT_INTERVAL": "1h"}, ""},
+		{"window not beyond grace", map[string]string{"SLOTWATCH_AUDIT_WINDOW": "1m"}, "SLOTWATCH_AUDIT_WINDOW (1m0s) must be longer than SLOTWATCH_AUDIT_GRACE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := map[string]string{}
+			for k, v := range base {
+				m[k] = v
+			}
+			for k, v := range tt.set {
+				m[k] = v
+			}
+			_, err := Parse(nil, env(m), io.Discard)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("err = %v, want none", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("err = %v, want one holding %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestTargetNamedPipeline: "pipeline" is the end-to-end watch's server
+// label; a database of that name would mix its alerts with the pipeline's.
+func TestTargetNamedPipeline(t *testing.T) {
+	c := Config{DSN: "primary=postgres://u@db1/app " + PipelineServer + "=postgres://u@db2/app"}
+	_, err := c.Targets()
+	if err == nil || !strings.Contains(err.Error(), `"pipeline" is reserved`) {
+		t.Fatalf("err = %v; want the name refused", err)
+	}
+	c = Config{DSN: "pipelines=postgres://u@db2/app"}
+	if _, err := c.Targets(); err != nil {
+		t.Fatalf("pipelines: %v", err)
+	}
+}

@@ -57,7 +57,7 @@ type Outbox struct {
 	// default 1m; 0 turns the continuous audit off).
 	AuditInterval time.Duration
 	// AuditWindow is how far back each round looks (SLOTWATCH_AUDIT_WINDOW,
-	// default 15m).
+	// default 15m); AuditInterval must not exceed it minus AuditGrace.
 	AuditWindow time.Duration
 	// AuditGrace is how old an event must be before its absence counts
 	// (SLOTWATCH_AUDIT_GRACE, default 1m).
@@ -123,6 +123,13 @@ func (o *Outbox) Validate() error {
 	}
 	if o.AuditInterval > 0 && o.AuditWindow <= o.AuditGrace {
 		errs = append(errs, fmt.Errorf("SLOTWATCH_AUDIT_WINDOW (%s) must be longer than SLOTWATCH_AUDIT_GRACE (%s): the audit judges events between the two", o.AuditWindow, o.AuditGrace))
+	} else if o.AuditInterval > o.AuditWindow-o.AuditGrace {
+		// A round at t judges [t−window, t−grace); the next, at
+		// t+interval, starts at t+interval−window: past t−grace, events
+		// committed in between would never be judged.
+		errs = append(errs, fmt.Errorf("SLOTWATCH_AUDIT_INTERVAL (%s) must not be longer than SLOTWATCH_AUDIT_WINDOW (%s) minus SLOTWATCH_AUDIT_GRACE (%s): "+
+			"each round judges the events between the two, so rounds further apart leave windows no round audits; shorten the interval or lengthen the window",
+			o.AuditInterval, o.AuditWindow, o.AuditGrace))
 	}
 	if o.CanaryInterval == 0 && o.AuditInterval == 0 {
 		errs = append(errs, errors.New("SLOTWATCH_OUTBOX_DSN is set but SLOTWATCH_CANARY_INTERVAL and SLOTWATCH_AUDIT_INTERVAL are both 0; unset the DSN or turn one on"))

@@ -71,6 +71,12 @@ func (t Target) Redact(err error) error {
 	return redact.Wrap(err, func(s string) string { return mask(s, t.dsn, t.password) })
 }
 
+// PipelineServer is the server label of the end-to-end watch's report and
+// alerts (watch.PipelineServer): no database target may take the name,
+// or its alerts and the pipeline's would share a label and resolve each
+// other.
+const PipelineServer = "pipeline"
+
 var (
 	namedURLRE = regexp.MustCompile(`^([A-Za-z0-9][A-Za-z0-9_.:-]*)=(postgres(?:ql)?://.*)$`)
 	urlRE      = regexp.MustCompile(`^postgres(?:ql)?://`)
@@ -80,7 +86,7 @@ var (
 // separated by commas or white space; a comma-separated piece that does not
 // start a URL belongs to the one before (a multi-host URL such as
 // postgres://h1:5432,h2:5432/db). A value without any URL is one key=value
-// connection string. Names must be unique.
+// connection string. Names must be unique, and none may be PipelineServer.
 func (c *Config) Targets() ([]Target, error) {
 	type item struct{ name, dsn string }
 	var items []item
@@ -115,6 +121,10 @@ func (c *Config) Targets() ([]Target, error) {
 		t, err := NewTarget(it.name, it.dsn)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("SLOTWATCH_PG_DSN: entry %d: %w", i+1, err))
+			continue
+		}
+		if t.Name == PipelineServer {
+			errs = append(errs, fmt.Errorf("SLOTWATCH_PG_DSN: entry %d: the name %q is reserved for the end-to-end watch's alerts; name the server otherwise (name=postgres://…)", i+1, t.Name))
 			continue
 		}
 		if seen[t.Name] {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/slotwatch/collect"
+	"github.com/pgoutbox/pgoutbox/slotwatch/config"
 )
 
 // Report is the latest state of one server, with everything derived from
@@ -49,8 +50,9 @@ type Report struct {
 }
 
 // PipelineServer is the server label of the end-to-end watch's report and
-// alerts: they are about the pipeline, not one server.
-const PipelineServer = "pipeline"
+// alerts: they are about the pipeline, not one server. No target may take
+// the name (config.Targets refuses it).
+const PipelineServer = config.PipelineServer
 
 // Pipeline is the end-to-end watch's state: the canary and the audit.
 type Pipeline struct {
