@@ -30,6 +30,13 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 		db.Close()
 		return nil, fmt.Errorf("routing (OUTBOX_ROUTE_*): %w", err)
 	}
+	// The canary and the audit know an event by the id in its id header:
+	// refuse at start a converter whose ids they could not read, rather
+	// than report every canary late and every event missing.
+	if err := audit.CheckFormat("OUTBOX_ROUTE_HEADER_FORMAT: header", o.Route.HeaderFormat); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("the end-to-end watch: %w", err)
+	}
 	kopts := o.Kafka.Opts(nil) // the canary and the audit log their own failures; the client's debug lines would drown slotwatch's
 	var canary *pipeline.Canary
 	m := pipeline.NewMetrics(reg, func() float64 {
@@ -51,7 +58,7 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 			return nil, fmt.Errorf("OUTBOX_TABLE: %w", err)
 		}
 		canary = pipeline.NewCanary(pipeline.CanaryOptions{
-			DB: db, Writer: w, Topic: topic, Kafka: kopts,
+			DB: db, Writer: w, Topic: topic, HeaderFormat: o.Route.HeaderFormat, Kafka: kopts,
 			Interval: o.CanaryInterval, Timeout: o.CanaryTimeout, Log: log, Metrics: m,
 		})
 	}

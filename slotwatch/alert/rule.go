@@ -93,7 +93,7 @@ func Rules() []Rule {
 		{Name: SlotNotFailoverReady, Severity: Warning, For: 2 * time.Minute,
 			Condition: "slotwatch_slot_failover_ready == 0, or slotwatch_slot_failover_lag_bytes > SLOTWATCH_FAILOVER_LAG_BYTES: a promotion of that standby now would lose the failover slot, or publish again that much", eval: evalFailover},
 		{Name: PipelineStalled, Severity: Critical, For: 0,
-			Condition: "slotwatch_canary_age_seconds > SLOTWATCH_CANARY_TIMEOUT: no canary event went from a commit to Kafka in that time", eval: evalStalled},
+			Condition: "slotwatch_canary_age_seconds > SLOTWATCH_CANARY_TIMEOUT: no canary event committed in that time has reached Kafka", eval: evalStalled},
 		{Name: EventsMissing, Severity: Critical, For: 0,
 			Condition: "slotwatch_audit_missing_events > 0: committed events older than SLOTWATCH_AUDIT_GRACE are not in Kafka", eval: evalMissing},
 	}
@@ -389,7 +389,9 @@ func Duration(sec float64) string {
 	return fmt.Sprintf("%.1fd", d.Hours()/24)
 }
 
-// evalStalled: no canary made it from a commit to Kafka within the timeout.
+// evalStalled: no canary committed within the timeout has reached Kafka
+// (the age counts from the newest received canary's commit, so replays of
+// old canaries and canaries behind a backlog keep it growing).
 func evalStalled(r *watch.Report, _ Thresholds) []finding {
 	p := r.Pipeline
 	if p == nil || !p.Canary || p.CanaryAge <= p.CanaryTimeout {
@@ -401,9 +403,9 @@ func evalStalled(r *watch.Report, _ Thresholds) []finding {
 	}
 	return []finding{{
 		value:   p.CanaryAge.Seconds(),
-		summary: fmt.Sprintf("No canary event reached Kafka for %s", p.CanaryAge.Round(time.Second)),
-		description: fmt.Sprintf("slotwatch commits a canary outbox event every SLOTWATCH_CANARY_INTERVAL and reads it back from Kafka; none arrived for %s (timeout %s). "+
-			"Events written now are not being delivered: check that the connector runs and is the leader (its /readyz and logs), that its slot is active, "+
+		summary: fmt.Sprintf("No canary event committed in the last %s has reached Kafka", p.CanaryAge.Round(time.Second)),
+		description: fmt.Sprintf("slotwatch commits a canary outbox event every SLOTWATCH_CANARY_INTERVAL and reads it back from Kafka; the newest one read back was committed %s ago (timeout %s). "+
+			"Events written now are not being delivered, or only behind a backlog: check that the connector runs and is the leader (its /readyz and logs), that its slot is active, "+
 			"that the publication includes the outbox table, and that Kafka accepts its writes.%s", p.CanaryAge.Round(time.Second), p.CanaryTimeout, cause),
 	}}
 }

@@ -23,6 +23,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/outbox"
+	"github.com/pgoutbox/pgoutbox/route"
+	"github.com/pgoutbox/pgoutbox/slotwatch/audit"
 )
 
 // CanaryAggregateType is the canary's aggregate type: its events go to
@@ -41,6 +43,10 @@ type CanaryOptions struct {
 	Writer *outbox.Writer
 	// Topic is where the canary's aggregate type routes.
 	Topic string
+	// HeaderFormat is the router's header converter
+	// (OUTBOX_ROUTE_HEADER_FORMAT): canaries are recognized by the event
+	// id in their id header, read with audit.DecodeID.
+	HeaderFormat route.Format
 	// Kafka are the client options of the connection (OUTBOX_KAFKA_*).
 	Kafka []kgo.Opt
 	// Interval and Timeout are SLOTWATCH_CANARY_INTERVAL and _TIMEOUT.
@@ -56,11 +62,19 @@ type Canary struct {
 	o        CanaryOptions
 	instance string // the canaries' aggregate id: this process's only
 
-	mu       sync.Mutex
-	started  time.Time
-	lastSeen time.Time
-	lastErr  string
-	sent     map[string]time.Time // id → when its commit returned
+	mu      sync.Mutex
+	started time.Time
+	// newest is the commit time (as noted in sent) of the newest canary
+	// received: what the age counts from. Not the arrival time: a replay
+	// of old canaries, or canaries arriving behind a long backlog, arrive
+	// now but prove nothing about an event committed now.
+	newest  time.Time
+	lastErr string
+	// sent holds the canaries committed and not yet received: id → when
+	// its commit returned. Only these count when read back, so a replay
+	// of a received canary, another process's and a late one pruned from
+	// here are all ignored. Pruned at 2×Timeout, so it stays bounded.
+	sent map[string]time.Time
 }
 
 // NewCanary returns a canary; Run starts it.
@@ -71,11 +85,14 @@ func NewCanary(o CanaryOptions) *Canary {
 	return &Canary{o: o, instance: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b)), sent: map[string]time.Time{}}
 }
 
-// Status is the canary's part of the pipeline report.
+// Status is the canary's part of the pipeline report: age is now minus
+// the commit time of the newest canary received (minus the start, before
+// the first), so it grows while no canary committed since goes through,
+// whatever else arrives.
 func (c *Canary) Status(now time.Time) (age time.Duration, lastErr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	since := c.lastSeen
+	since := c.newest
 	if since.IsZero() {
 		since = c.started
 	}
@@ -95,7 +112,8 @@ func (c *Canary) Run(ctx context.Context) error {
 
 	// Consume from a little before the start, so that the first canaries
 	// are read even when the topic is created by their own publication;
-	// canaries of other processes or of earlier runs are skipped by key.
+	// canaries of other processes or of earlier runs are skipped by id
+	// (receive).
 	opts := append([]kgo.Opt{
 		kgo.ConsumeTopics(c.o.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(start.Add(-time.Minute).UnixMilli())),
@@ -210,28 +228,39 @@ func (c *Canary) read(ctx context.Context, cl *kgo.Client) {
 			c.o.Metrics.canaryErrors.WithLabelValues("read").Inc()
 			c.o.Log.Warn("canary: cannot read the canary topic", "topic", t, "partition", p, "err", err)
 		})
-		fs.EachRecord(func(r *kgo.Record) {
-			if string(r.Key) != c.instance {
-				return
-			}
-			id := ""
-			for _, h := range r.Headers {
-				if h.Key == "id" {
-					id = string(h.Value)
-				}
-			}
-			c.mu.Lock()
-			at, ok := c.sent[id]
-			delete(c.sent, id)
-			c.lastSeen = now
-			if strings.HasPrefix(c.lastErr, "read ") {
-				c.lastErr = ""
-			}
-			c.mu.Unlock()
-			c.o.Metrics.canaryReceived.Inc()
-			if ok {
-				c.o.Metrics.canaryLatency.Observe(now.Sub(at).Seconds())
-			}
-		})
+		fs.EachRecord(func(r *kgo.Record) { c.receive(r, now) })
 	}
+}
+
+// receive takes one record of the canary topic, read at now. A record is
+// a canary of this process when the event id in its id header (decoded
+// with the router's header converter) is one still pending in sent: the
+// key is not looked at, as OUTBOX_ROUTE_FIELD_EVENT_KEY and the key
+// converter decide what it holds.
+func (c *Canary) receive(r *kgo.Record, now time.Time) {
+	id, ok := "", false
+	for _, h := range r.Headers {
+		if h.Key == "id" {
+			id, ok = audit.DecodeID(h.Value, c.o.HeaderFormat)
+		}
+	}
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	at, mine := c.sent[id]
+	if !mine {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.sent, id)
+	if at.After(c.newest) {
+		c.newest = at
+	}
+	if strings.HasPrefix(c.lastErr, "read ") {
+		c.lastErr = ""
+	}
+	c.mu.Unlock()
+	c.o.Metrics.canaryReceived.Inc()
+	c.o.Metrics.canaryLatency.Observe(now.Sub(at).Seconds())
 }

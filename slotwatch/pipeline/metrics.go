@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer, age func() float64) *Metrics {
 		}),
 		canaryAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "slotwatch_canary_age_seconds",
-			Help: "Time since the newest canary event arrived from Kafka (since the canary started, before the first).",
+			Help: "Time since the commit of the newest canary event read back from Kafka (since the canary started, before the first).",
 		}, age),
 		canaryTimeout: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "slotwatch_canary_timeout_seconds",
@@ -45,7 +45,7 @@ func NewMetrics(reg prometheus.Registerer, age func() float64) *Metrics {
 			Name: "slotwatch_canary_sent_total", Help: "Canary events committed.",
 		}),
 		canaryReceived: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "slotwatch_canary_received_total", Help: "Canary events of this slotwatch read back from Kafka.",
+			Name: "slotwatch_canary_received_total", Help: "Canary events of this slotwatch read back from Kafka (each once; replays and canaries overdue by twice the timeout are not counted).",
 		}),
 		canaryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "slotwatch_canary_errors_total", Help: "Canary failures, by operation (write, read).",

@@ -57,8 +57,8 @@ const PipelineServer = config.PipelineServer
 // Pipeline is the end-to-end watch's state: the canary and the audit.
 type Pipeline struct {
 	// Canary is true when the canary runs. CanaryAge is the time since the
-	// newest canary arrived from Kafka (since the canary started, before
-	// the first); CanaryTimeout is SLOTWATCH_CANARY_TIMEOUT; CanaryErr is
+	// commit of the newest canary read back from Kafka (since the canary
+	// started, before the first); CanaryTimeout is SLOTWATCH_CANARY_TIMEOUT; CanaryErr is
 	// the last error writing or reading one, if any.
 	Canary        bool          `json:"canary"`
 	CanaryAge     time.Duration `json:"canary_age"`
