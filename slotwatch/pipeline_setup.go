@@ -75,8 +75,12 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 		"audit_interval", o.AuditInterval.String(), "audit_window", o.AuditWindow.String(), "audit_grace", o.AuditGrace.String(), "table", o.Table)
 	return pipeline.New(pipeline.Options{
 		Canary: canary,
+		// As `slotwatch audit` of the outbox: ids in the id header, read
+		// with the router's converters, and the dead-letter table's events
+		// dead-lettered, not missing.
 		Audit: audit.Options{
-			Source: src, Topic: topicOf, DLQTopic: o.DLQTopic, Grace: o.AuditGrace, Skew: time.Minute,
+			Source: src, Topic: topicOf, DLQTopic: o.DLQTopic, DeadLetterTable: deadLetterTable, Grace: o.AuditGrace, Skew: time.Minute,
+			Match: audit.MatchHeader, HeaderFormat: o.Route.HeaderFormat, KeyFormat: o.Route.KeyFormat,
 		},
 		AuditInterval: o.AuditInterval, AuditWindow: o.AuditWindow,
 		DB: db, Kafka: kopts, Every: every, OnReport: observe, Log: log, Metrics: m,

@@ -19,6 +19,9 @@ $$;
 GRANT USAGE ON SCHEMA public TO outbox_watch;
 GRANT INSERT ON public.outbox TO outbox_watch;
 GRANT SELECT (id, aggregatetype, aggregateid, created_at) ON public.outbox TO outbox_watch;
+-- An event in the dead-letter table (too large for any topic) is
+-- dead-lettered, not missing: the audit reads its id, nothing else.
+GRANT SELECT (id) ON public.outbox_dead_letter TO outbox_watch;
 
 -- Canary rows are deleted once they are an hour old (slotwatch calls this
 -- about once a minute). SECURITY DEFINER with a fixed search_path: the
