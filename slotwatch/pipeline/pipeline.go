@@ -15,6 +15,9 @@ import (
 	"github.com/pgoutbox/pgoutbox/slotwatch/watch"
 )
 
+// maxLoggedMissing is how many of a round's missing events are logged.
+const maxLoggedMissing = 100
+
 // Options configures the end-to-end watch.
 type Options struct {
 	// Canary is nil when the canary is off.
@@ -105,10 +108,11 @@ func (w *Watch) auditLoop(ctx context.Context) error {
 		return fmt.Errorf("audit: Kafka client: %w", err)
 	}
 	defer cl.Close()
+	run := func(ctx context.Context, o audit.Options) (audit.Result, error) { return audit.Run(ctx, w.o.DB, cl, o) }
 	t := time.NewTicker(w.o.AuditInterval)
 	defer t.Stop()
 	for {
-		w.round(ctx, cl)
+		w.round(ctx, run)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -117,21 +121,26 @@ func (w *Watch) auditLoop(ctx context.Context) error {
 	}
 }
 
-// round audits the window that ends now − grace.
-func (w *Watch) round(ctx context.Context, cl *kgo.Client) {
+// round audits the window that ends now − grace with run (audit.Run).
+func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Options) (audit.Result, error)) {
 	o := w.o.Audit
 	now := time.Now()
 	o.Since = now.Add(-w.o.AuditWindow)
 	o.Until = now
+	// The missing events stream in as the audit walks the ids; they are
+	// a verdict only if the round finishes, so they are kept (the first
+	// maxLoggedMissing, the rest counted) and logged after it did.
+	var found []audit.Missing
 	var sample []string
 	o.OnMissing = func(m audit.Missing) {
 		if len(sample) < 5 {
 			sample = append(sample, m.ID)
 		}
-		w.o.Log.Warn("audit: event missing from Kafka", "id", m.ID, "aggregatetype", m.AggregateType,
-			"aggregateid", m.AggregateID, "created_at", m.CreatedAt, "topic", m.Topic)
+		if len(found) < maxLoggedMissing {
+			found = append(found, m)
+		}
 	}
-	res, err := audit.Run(ctx, w.o.DB, cl, o)
+	res, err := run(ctx, o)
 	if ctx.Err() != nil {
 		return
 	}
@@ -148,6 +157,14 @@ func (w *Watch) round(ctx context.Context, cl *kgo.Client) {
 	m.deadLettered.Set(float64(res.DeadLettered))
 	m.lastSuccess.Set(float64(time.Now().UnixNano()) / 1e9)
 	m.duration.Set(res.Elapsed.Seconds())
+	for _, ev := range found {
+		w.o.Log.Warn("audit: event missing from Kafka", "id", ev.ID, "aggregatetype", ev.AggregateType,
+			"aggregateid", ev.AggregateID, "created_at", ev.CreatedAt, "topic", ev.Topic)
+	}
+	if more := res.Missing - int64(len(found)); more > 0 {
+		w.o.Log.Warn("audit: more events missing from Kafka than logged; slotwatch audit lists them all", "more", more,
+			"since", res.Since.UTC().Format(time.RFC3339), "until", res.Until.UTC().Format(time.RFC3339))
+	}
 	w.o.Log.Debug("audit: round done", "summary", res.Summary())
 	w.mu.Lock()
 	w.audited, w.last, w.sample = true, res, sample

@@ -1,0 +1,92 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/slotwatch/audit"
+)
+
+// logBuffer collects a logger's lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+func (l *logBuffer) reset() {
+	l.mu.Lock()
+	l.b.Reset()
+	l.mu.Unlock()
+}
+
+func testWatch(t testing.TB) (*Watch, *logBuffer) {
+	t.Helper()
+	var lb logBuffer
+	return New(Options{
+		AuditInterval: time.Minute, AuditWindow: 15 * time.Minute,
+		Log: slog.New(slog.NewTextHandler(&lb, nil)), Metrics: NewMetrics(nil, func() float64 { return 0 }),
+	}), &lb
+}
+
+// auditFinding reports n missing events, then ends with err.
+func auditFinding(n int, err error) func(context.Context, audit.Options) (audit.Result, error) {
+	return func(_ context.Context, o audit.Options) (audit.Result, error) {
+		for i := 0; i < n; i++ {
+			o.OnMissing(audit.Missing{ID: fmt.Sprintf("id-%03d", i), AggregateType: "Order", Topic: "outbox.event.Order"})
+		}
+		if err != nil {
+			return audit.Result{}, err
+		}
+		return audit.Result{Since: o.Since, Until: o.Until, Audited: int64(n) + 10, Missing: int64(n)}, nil
+	}
+}
+
+// TestAuditRoundLogsMissingOnceFinished: a round's missing events are
+// logged once the round has finished; a round that fails logs none (what
+// it streamed before failing is no verdict), and a long list is cut.
+func TestAuditRoundLogsMissingOnceFinished(t *testing.T) {
+	w, lb := testWatch(t)
+	ctx := context.Background()
+
+	w.round(ctx, auditFinding(3, errors.New("permission denied for table outbox")))
+	if n := lb.count("event missing from Kafka"); n != 0 {
+		t.Errorf("a failed round logged %d missing events; want none", n)
+	}
+	if lb.count("round failed") != 1 {
+		t.Errorf("a failed round is not logged as one")
+	}
+	if p := w.Report(time.Now()).Pipeline; p.Audited || p.Missing != 0 || len(p.Sample) != 0 {
+		t.Errorf("after a failed round the report says audited %v, %d missing, sample %v; want nothing", p.Audited, p.Missing, p.Sample)
+	}
+
+	lb.reset()
+	w.round(ctx, auditFinding(150, nil))
+	if n := lb.count("event missing from Kafka"); n != maxLoggedMissing {
+		t.Errorf("a round with 150 missing logged %d of them; want the first %d", n, maxLoggedMissing)
+	}
+	if lb.count("more=50") != 1 {
+		t.Errorf("the 50 not logged are not counted (more=50)")
+	}
+	p := w.Report(time.Now()).Pipeline
+	if !p.Audited || p.Missing != 150 || strings.Join(p.Sample, ",") != "id-000,id-001,id-002,id-003,id-004" {
+		t.Errorf("report: audited %v, %d missing, sample %v; want 150 and the first 5 ids", p.Audited, p.Missing, p.Sample)
+	}
+}
