@@ -38,13 +38,20 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 		return nil, fmt.Errorf("the end-to-end watch: %w", err)
 	}
 	kopts := o.Kafka.Opts(nil) // the canary and the audit log their own failures; the client's debug lines would drown slotwatch's
+	// Both set below, before anything scrapes the metrics.
 	var canary *pipeline.Canary
+	var pw *pipeline.Watch
 	m := pipeline.NewMetrics(reg, func() float64 {
 		if canary == nil {
 			return 0
 		}
 		age, _ := canary.Status(time.Now())
 		return age.Seconds()
+	}, func() float64 {
+		if pw == nil {
+			return 0
+		}
+		return pw.AuditAge(time.Now()).Seconds()
 	})
 	if o.CanaryInterval > 0 {
 		topic, err := topicOf(pipeline.CanaryAggregateType)
@@ -73,7 +80,7 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 	}
 	log.Info("end-to-end watch on", "canary_interval", o.CanaryInterval.String(), "canary_timeout", o.CanaryTimeout.String(),
 		"audit_interval", o.AuditInterval.String(), "audit_window", o.AuditWindow.String(), "audit_grace", o.AuditGrace.String(), "table", o.Table)
-	return pipeline.New(pipeline.Options{
+	pw = pipeline.New(pipeline.Options{
 		Canary: canary,
 		// As `slotwatch audit` of the outbox: ids in the id header, read
 		// with the router's converters, and the dead-letter table's events
@@ -85,5 +92,6 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 		AuditInterval: o.AuditInterval, AuditWindow: o.AuditWindow,
 		DB: db, Kafka: kopts, Every: every, OnReport: observe, Log: log, Metrics: m,
 		Close: db.Close,
-	}), nil
+	})
+	return pw, nil
 }

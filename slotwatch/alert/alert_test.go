@@ -399,3 +399,80 @@ func counterValue(e *Engine, sink, result string) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestAuditFailing: the continuous audit that has not succeeded for three
+// intervals (or since its start, before the first) fires AuditFailing with
+// the last error; a round that succeeds resolves it.
+func TestAuditFailing(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	c := &clock{t: t0}
+	e := New(Options{Thresholds: th, WebhookURL: "http://127.0.0.1:1/", Now: c.now, Log: quietLog()}, nil)
+	p := watch.Pipeline{AuditInterval: time.Minute, AuditStarted: t0}
+	report := func() watch.Report {
+		pp := p
+		return watch.Report{Server: watch.PipelineServer, Time: c.now(), Up: true, Collected: true, Pipeline: &pp}
+	}
+	fired := func() []Alert {
+		var out []Alert
+		for _, a := range queued(e) {
+			if a.Labels["alertname"] == AuditFailing {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+
+	// Failing from the start: quiet for three intervals, then firing.
+	p.AuditFailures, p.AuditErr = 3, "read the ids of \"public\".\"outbox\": permission denied for table outbox"
+	c.add(3 * time.Minute)
+	e.Observe(report())
+	if n := len(fired()); n != 0 {
+		t.Fatalf("fired at three intervals from the start; want only past them")
+	}
+	c.add(time.Second)
+	p.AuditFailures = 4
+	e.Observe(report())
+	got := fired()
+	if len(got) != 1 || got[0].Status != "firing" {
+		t.Fatalf("AuditFailing notifications %v; want one firing", describe(got))
+	}
+	a := got[0]
+	if a.Labels["severity"] != Warning || a.Labels["server"] != watch.PipelineServer {
+		t.Errorf("labels %v", a.Labels)
+	}
+	if d := a.Annotations["description"]; !strings.Contains(d, "permission denied for table outbox") || !strings.Contains(d, "4 rounds") {
+		t.Errorf("description names neither the last error nor the failures: %s", d)
+	}
+
+	// A round succeeds: resolved.
+	c.add(time.Minute)
+	p.AuditOKAt, p.AuditFailures, p.AuditErr = c.now(), 0, ""
+	e.Observe(report())
+	if got := describe(fired()); !slices.Equal(got, []string{"AuditFailing/firing", "AuditFailing/resolved"}) {
+		t.Fatalf("notifications %v; want firing then resolved", got)
+	}
+
+	// Failing after a success: three intervals from that success.
+	p.AuditFailures, p.AuditErr = 2, "Kafka: dial tcp: connection refused"
+	c.add(2 * time.Minute)
+	e.Observe(report())
+	c.add(time.Minute)
+	e.Observe(report())
+	if n := len(fired()); n != 2 {
+		t.Fatalf("fired at three intervals after a success; want only past them")
+	}
+	c.add(time.Second)
+	e.Observe(report())
+	if n := len(fired()); n != 3 {
+		t.Fatalf("not fired past three intervals after the last success")
+	}
+
+	// The audit off: never.
+	off := watch.Pipeline{Canary: true, CanaryTimeout: time.Minute, AuditStarted: t0}
+	r := watch.Report{Server: watch.PipelineServer, Time: t0.Add(time.Hour), Up: true, Pipeline: &off}
+	for _, rule := range Rules() {
+		if rule.Name == AuditFailing && len(rule.eval(&r, th)) != 0 {
+			t.Errorf("fired with the audit off")
+		}
+	}
+}

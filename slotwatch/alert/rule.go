@@ -25,6 +25,7 @@ const (
 	SlotNotFailoverReady      = "SlotNotFailoverReady"
 	PipelineStalled           = "PipelineStalled"
 	EventsMissing             = "EventsMissing"
+	AuditFailing              = "AuditFailing"
 )
 
 // Severities (the severity label).
@@ -96,6 +97,8 @@ func Rules() []Rule {
 			Condition: "slotwatch_canary_age_seconds > SLOTWATCH_CANARY_TIMEOUT: no canary event committed in that time has reached Kafka", eval: evalStalled},
 		{Name: EventsMissing, Severity: Critical, For: 0,
 			Condition: "slotwatch_audit_missing_events > 0: committed events older than SLOTWATCH_AUDIT_GRACE are not in Kafka", eval: evalMissing},
+		{Name: AuditFailing, Severity: Warning, For: 0,
+			Condition: "slotwatch_audit_age_seconds > 3 × SLOTWATCH_AUDIT_INTERVAL: no audit round succeeded in that time (since the start, before the first), so EventsMissing cannot fire", eval: evalAuditFailing},
 	}
 }
 
@@ -422,5 +425,41 @@ func evalMissing(r *watch.Report, _ Thresholds) []finding {
 		description: fmt.Sprintf("The audit of %s found %d events in the outbox table that are on no routed topic and not dead-lettered, past the grace period (first: %s). "+
 			"List them with `slotwatch audit -since … -until …`; publish them again with `connector backfill -from … -to …` once the cause is fixed "+
 			"(a slot advanced or recreated by hand, OUTBOX_ACCEPT_SLOT_RESET, a deleted topic).", p.Window, p.Missing, strings.Join(p.Sample, ", ")),
+	}}
+}
+
+// auditFailingIntervals: AuditFailing fires when no round succeeded for
+// this many SLOTWATCH_AUDIT_INTERVALs; one failed round (a broker
+// restarting) is not worth a page.
+const auditFailingIntervals = 3
+
+// evalAuditFailing: the continuous audit has not finished a round for
+// three intervals. slotwatch_audit_missing_events keeps the last good
+// round's figure meanwhile, so EventsMissing cannot fire however many
+// events go missing.
+func evalAuditFailing(r *watch.Report, _ Thresholds) []finding {
+	p := r.Pipeline
+	if p == nil {
+		return nil
+	}
+	age := p.AuditAge(r.Time)
+	if age <= auditFailingIntervals*p.AuditInterval {
+		return nil
+	}
+	last := "since slotwatch started, before any round succeeded"
+	if !p.AuditOKAt.IsZero() {
+		last = "since " + p.AuditOKAt.UTC().Format(time.RFC3339) + ", the last round that succeeded"
+	}
+	why := "No round failed: one has been running all this time (a slow database or Kafka read)."
+	if p.AuditFailures > 0 {
+		why = fmt.Sprintf("%d rounds failed in a row, the last with: %s.", p.AuditFailures, p.AuditErr)
+	}
+	return []finding{{
+		value:   age.Seconds(),
+		summary: fmt.Sprintf("No audit round succeeded for %s", age.Round(time.Second)),
+		description: fmt.Sprintf("slotwatch's continuous audit (every SLOTWATCH_AUDIT_INTERVAL, %s) has not finished a round for %s, %s. %s "+
+			"Until one does, slotwatch_audit_missing_events and EventsMissing show that last round and say nothing of events committed since. "+
+			"Check outbox_watch's grants (sql/006_watch.sql), the database and Kafka; `slotwatch audit -since …` runs the same audit and prints its error.",
+			p.AuditInterval, age.Round(time.Second), last, why),
 	}}
 }

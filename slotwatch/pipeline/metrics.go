@@ -15,18 +15,21 @@ type Metrics struct {
 	canaryReceived prometheus.Counter
 	canaryErrors   *prometheus.CounterVec
 
-	audited      prometheus.Counter
-	missing      prometheus.Gauge
-	duplicated   prometheus.Gauge
-	deadLettered prometheus.Gauge
-	runs         *prometheus.CounterVec
-	lastSuccess  prometheus.Gauge
-	duration     prometheus.Gauge
+	audited       prometheus.Counter
+	missing       prometheus.Gauge
+	duplicated    prometheus.Gauge
+	deadLettered  prometheus.Gauge
+	runs          *prometheus.CounterVec
+	lastSuccess   prometheus.Gauge
+	duration      prometheus.Gauge
+	auditAge      prometheus.GaugeFunc
+	auditInterval prometheus.Gauge
 }
 
-// NewMetrics registers the metrics on reg; age reports the canary's age
-// in seconds (slotwatch_canary_age_seconds).
-func NewMetrics(reg prometheus.Registerer, age func() float64) *Metrics {
+// NewMetrics registers the metrics on reg; canaryAge reports the canary's
+// age in seconds (slotwatch_canary_age_seconds), auditAge the time since
+// an audit round last succeeded (slotwatch_audit_age_seconds).
+func NewMetrics(reg prometheus.Registerer, canaryAge, auditAge func() float64) *Metrics {
 	m := &Metrics{
 		canaryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "slotwatch_canary_latency_seconds",
@@ -36,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer, age func() float64) *Metrics {
 		canaryAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "slotwatch_canary_age_seconds",
 			Help: "Time since the commit of the newest canary event read back from Kafka (since the canary started, before the first).",
-		}, age),
+		}, canaryAge),
 		canaryTimeout: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "slotwatch_canary_timeout_seconds",
 			Help: "SLOTWATCH_CANARY_TIMEOUT: PipelineStalled fires when slotwatch_canary_age_seconds exceeds it.",
@@ -71,6 +74,18 @@ func NewMetrics(reg prometheus.Registerer, age func() float64) *Metrics {
 		duration: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "slotwatch_audit_duration_seconds", Help: "How long the last audit round took.",
 		}),
+		// slotwatch_audit_last_success_timestamp_seconds is 0 before the
+		// first success, so time() minus it would fire AuditFailing at
+		// every start, and the error counter cannot tell an audit that is
+		// off from one whose round hangs: the age says both.
+		auditAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "slotwatch_audit_age_seconds",
+			Help: "Time since an audit round last succeeded (since the continuous audit started, before the first; 0 when it is off).",
+		}, auditAge),
+		auditInterval: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "slotwatch_audit_interval_seconds",
+			Help: "SLOTWATCH_AUDIT_INTERVAL (0: the continuous audit is off): AuditFailing fires when slotwatch_audit_age_seconds exceeds three of it.",
+		}),
 	}
 	m.canaryErrors.WithLabelValues("write")
 	m.canaryErrors.WithLabelValues("read")
@@ -78,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer, age func() float64) *Metrics {
 	m.runs.WithLabelValues("error")
 	if reg != nil {
 		reg.MustRegister(m.canaryLatency, m.canaryAge, m.canaryTimeout, m.canarySent, m.canaryReceived, m.canaryErrors,
-			m.audited, m.missing, m.duplicated, m.deadLettered, m.runs, m.lastSuccess, m.duration)
+			m.audited, m.missing, m.duplicated, m.deadLettered, m.runs, m.lastSuccess, m.duration, m.auditAge, m.auditInterval)
 	}
 	return m
 }
@@ -86,7 +101,7 @@ func NewMetrics(reg prometheus.Registerer, age func() float64) *Metrics {
 // Names lists the metric names, for the documentation check.
 func Names() []string {
 	reg := prometheus.NewRegistry()
-	NewMetrics(reg, func() float64 { return 0 })
+	NewMetrics(reg, func() float64 { return 0 }, func() float64 { return 0 })
 	fams, _ := reg.Gather()
 	var out []string
 	for _, f := range fams {

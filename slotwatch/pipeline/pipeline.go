@@ -47,6 +47,13 @@ type Watch struct {
 	audited bool
 	last    audit.Result
 	sample  []string
+	// The audit's health, for AuditFailing: when it started, when a
+	// round last succeeded, the rounds failed in a row since and the
+	// last one's error.
+	auditStarted time.Time
+	auditOKAt    time.Time
+	failures     int
+	lastErr      string
 }
 
 // New returns the watch; Run starts it.
@@ -67,8 +74,27 @@ func (w *Watch) Report(now time.Time) watch.Report {
 	if w.audited {
 		p.Window = fmt.Sprintf("%s to %s", w.last.Since.UTC().Format(time.RFC3339), w.last.Until.UTC().Format(time.RFC3339))
 	}
+	w.auditState(p)
 	w.mu.Unlock()
 	return watch.Report{Server: watch.PipelineServer, Time: now, Up: true, Collected: true, Pipeline: p}
+}
+
+// auditState fills the audit's health into p; w.mu is held.
+func (w *Watch) auditState(p *watch.Pipeline) {
+	p.AuditInterval = w.o.AuditInterval
+	p.AuditStarted, p.AuditOKAt = w.auditStarted, w.auditOKAt
+	p.AuditFailures, p.AuditErr = w.failures, w.lastErr
+}
+
+// AuditAge is how long no audit round has succeeded at now
+// (slotwatch_audit_age_seconds): since the last success, else since the
+// audit started; 0 when it is off.
+func (w *Watch) AuditAge(now time.Time) time.Duration {
+	var p watch.Pipeline
+	w.mu.Lock()
+	w.auditState(&p)
+	w.mu.Unlock()
+	return p.AuditAge(now)
 }
 
 // Close releases the watch's resources; call it after Run returned.
@@ -103,6 +129,10 @@ func (w *Watch) Run(ctx context.Context) error {
 }
 
 func (w *Watch) auditLoop(ctx context.Context) error {
+	w.mu.Lock()
+	w.auditStarted = time.Now()
+	w.mu.Unlock()
+	w.o.Metrics.auditInterval.Set(w.o.AuditInterval.Seconds())
 	cl, err := kgo.NewClient(append(audit.ClientOpts(), w.o.Kafka...)...)
 	if err != nil {
 		return fmt.Errorf("audit: Kafka client: %w", err)
@@ -147,7 +177,11 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	m := w.o.Metrics
 	if err != nil {
 		m.runs.WithLabelValues("error").Inc()
-		w.o.Log.Warn("audit: round failed; the last round's figures stay", "err", err)
+		w.mu.Lock()
+		w.failures++
+		w.lastErr = err.Error()
+		w.mu.Unlock()
+		w.o.Log.Warn("audit: round failed; the last round's figures stay (AuditFailing fires after three intervals without a success)", "err", err)
 		return
 	}
 	m.runs.WithLabelValues("ok").Inc()
@@ -168,5 +202,6 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	w.o.Log.Debug("audit: round done", "summary", res.Summary())
 	w.mu.Lock()
 	w.audited, w.last, w.sample = true, res, sample
+	w.auditOKAt, w.failures, w.lastErr = time.Now(), 0, ""
 	w.mu.Unlock()
 }

@@ -42,7 +42,7 @@ func testWatch(t testing.TB) (*Watch, *logBuffer) {
 	var lb logBuffer
 	return New(Options{
 		AuditInterval: time.Minute, AuditWindow: 15 * time.Minute,
-		Log: slog.New(slog.NewTextHandler(&lb, nil)), Metrics: NewMetrics(nil, func() float64 { return 0 }),
+		Log: slog.New(slog.NewTextHandler(&lb, nil)), Metrics: NewMetrics(nil, func() float64 { return 0 }, func() float64 { return 0 }),
 	}), &lb
 }
 
@@ -88,5 +88,40 @@ func TestAuditRoundLogsMissingOnceFinished(t *testing.T) {
 	p := w.Report(time.Now()).Pipeline
 	if !p.Audited || p.Missing != 150 || strings.Join(p.Sample, ",") != "id-000,id-001,id-002,id-003,id-004" {
 		t.Errorf("report: audited %v, %d missing, sample %v; want 150 and the first 5 ids", p.Audited, p.Missing, p.Sample)
+	}
+}
+
+// TestAuditHealth: the report carries what AuditFailing needs: failures in
+// a row with the last error, and the time of the last success.
+func TestAuditHealth(t *testing.T) {
+	w, _ := testWatch(t)
+	ctx := context.Background()
+	start := time.Now().Add(-10 * time.Minute)
+	w.auditStarted = start
+	if got := w.AuditAge(start.Add(4 * time.Minute)); got != 4*time.Minute {
+		t.Errorf("age before any round = %s; want 4m from the start", got)
+	}
+	w.round(ctx, auditFinding(0, errors.New("dial tcp: connection refused")))
+	w.round(ctx, auditFinding(0, errors.New("permission denied for table outbox")))
+	p := w.Report(time.Now()).Pipeline
+	if p.AuditInterval != time.Minute || !p.AuditStarted.Equal(start) || !p.AuditOKAt.IsZero() ||
+		p.AuditFailures != 2 || p.AuditErr != "permission denied for table outbox" {
+		t.Errorf("after two failed rounds: %+v", p)
+	}
+	w.round(ctx, auditFinding(0, nil))
+	now := time.Now()
+	p = w.Report(now).Pipeline
+	if p.AuditOKAt.IsZero() || p.AuditFailures != 0 || p.AuditErr != "" {
+		t.Errorf("after a round succeeded: %+v", p)
+	}
+	if age := w.AuditAge(now); age < 0 || age > time.Second {
+		t.Errorf("age just after a success = %s", age)
+	}
+	if got := value(t, w.o.Metrics.runs.WithLabelValues("error")); got != 2 {
+		t.Errorf("slotwatch_audit_runs_total{result=\"error\"} = %v; want 2", got)
+	}
+	off := New(Options{Metrics: w.o.Metrics})
+	if got := off.AuditAge(time.Now()); got != 0 {
+		t.Errorf("age with the audit off = %s; want 0", got)
 	}
 }

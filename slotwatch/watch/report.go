@@ -71,6 +71,29 @@ type Pipeline struct {
 	Missing int64    `json:"missing"`
 	Sample  []string `json:"missing_sample,omitempty"`
 	Window  string   `json:"audit_window,omitempty"`
+	// AuditInterval is SLOTWATCH_AUDIT_INTERVAL (0: the continuous audit
+	// is off). AuditStarted is when it started, AuditOKAt when a round
+	// last succeeded (zero before the first); AuditFailures counts the
+	// rounds failed in a row since, AuditErr is the last one's error.
+	AuditInterval time.Duration `json:"audit_interval"`
+	AuditStarted  time.Time     `json:"audit_started,omitzero"`
+	AuditOKAt     time.Time     `json:"audit_last_success,omitzero"`
+	AuditFailures int           `json:"audit_failures"`
+	AuditErr      string        `json:"audit_error,omitempty"`
+}
+
+// AuditAge is how long no audit round has succeeded at now: since the
+// last success, else since the audit started; 0 when the audit is off or
+// not yet started.
+func (p *Pipeline) AuditAge(now time.Time) time.Duration {
+	since := p.AuditOKAt
+	if since.IsZero() {
+		since = p.AuditStarted
+	}
+	if p.AuditInterval <= 0 || since.IsZero() {
+		return 0
+	}
+	return max(0, now.Sub(since))
 }
 
 // SlotReport is one slot with the figures slotwatch derives for it.
