@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -201,9 +203,12 @@ func TestCanaryStall(t *testing.T) {
 	hook.waitFor(t, "PipelineStalled", "", "resolved", time.Minute)
 	t.Logf("PipelineStalled resolved %s after SIGCONT", time.Since(thawed).Round(10*time.Millisecond))
 
-	// The canary's rows are the only ones outbox_watch may delete.
+	// The canaries went in through outbox_write_canary (outbox_watch may
+	// not INSERT into the outbox); their rows are the only ones it may
+	// delete, and none younger than 10 minutes (TestWatchRoleGrants
+	// deletes an old one).
 	var canaries int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE aggregatetype = '__canary'`).Scan(&canaries); err != nil || canaries == 0 {
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE aggregatetype = '__canary' AND type = 'Canary'`).Scan(&canaries); err != nil || canaries == 0 {
 		t.Errorf("canary rows in the outbox: %d, %v; want some", canaries, err)
 	}
 	wc, err := pgx.Connect(ctx, watchRole(t, pg))
@@ -215,12 +220,86 @@ func TestCanaryStall(t *testing.T) {
 		t.Error("outbox_watch deleted real events; want permission denied")
 	}
 	var deleted int64
-	if err := wc.QueryRow(ctx, `SELECT outbox_delete_canaries('0 seconds')`).Scan(&deleted); err != nil || deleted == 0 {
-		t.Errorf("outbox_delete_canaries: %d, %v; want the canary rows deleted", deleted, err)
+	if err := wc.QueryRow(ctx, `SELECT outbox_delete_canaries('0 seconds')`).Scan(&deleted); err != nil || deleted != 0 {
+		t.Errorf("outbox_delete_canaries('0 seconds'): %d, %v; want none of the canaries of the last minutes deleted", deleted, err)
 	}
 	var left int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE aggregatetype <> '__canary'`).Scan(&left); err != nil || left != 21 {
 		t.Errorf("real events left after the canary cleanup: %d, %v; want 21", left, err)
+	}
+}
+
+// TestWatchRoleGrants: outbox_watch, as sql/006_watch.sql leaves it,
+// writes canaries only through outbox_write_canary (aggregate type
+// __canary, whatever it is given), cannot insert any other row, read a
+// payload, change or delete a real event, and outbox_delete_canaries keeps
+// canaries younger than 10 minutes whatever interval it is passed.
+func TestWatchRoleGrants(t *testing.T) {
+	pg := watchPG(t)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	realID, oldCanary, freshCanary := uuid.New(), uuid.New(), uuid.New()
+	execAll(t, pg, "outbox",
+		fmt.Sprintf(`INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ('%s', 'Order', 'o1', 'OrderPlaced', '{}')`, realID),
+		fmt.Sprintf(`INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at) VALUES ('%s', '__canary', 'old', 'Canary', '{}', now() - interval '2 hours')`, oldCanary),
+		fmt.Sprintf(`INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at) VALUES ('%s', '__canary', 'new', 'Canary', '{}', now() - interval '9 minutes')`, freshCanary))
+	wc, err := pgx.Connect(ctx, watchRole(t, pg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wc.Close(ctx)
+	ids := func() []string {
+		t.Helper()
+		rows, _ := conn.Query(ctx, `SELECT id::text FROM outbox ORDER BY id`)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	// A canary not yet relayed (9 minutes old) is kept, whatever the
+	// interval asked for.
+	var deleted int64
+	if err := wc.QueryRow(ctx, `SELECT outbox_delete_canaries('0 seconds')`).Scan(&deleted); err != nil {
+		t.Fatalf("outbox_delete_canaries: %v", err)
+	}
+	want := []string{realID.String(), freshCanary.String()}
+	slices.Sort(want)
+	if left := ids(); deleted != 1 || !slices.Equal(left, want) {
+		t.Errorf("outbox_delete_canaries('0 seconds') deleted %d, left %v; want the 2-hour-old canary deleted, the 9-minute-old one and the real event kept %v", deleted, left, want)
+	}
+
+	denied := func(what, q string, args ...any) {
+		t.Helper()
+		_, err := wc.Exec(ctx, q, args...)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("outbox_watch %s: err %v; want permission denied (42501)", what, err)
+		}
+	}
+	denied("inserted a forged event", `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, 'Order', 'o1', 'OrderPlaced', '{"forged":true}')`, uuid.New())
+	denied("inserted a canary row directly", `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1, '__canary', 'x', 'Canary', '{}')`, uuid.New())
+	denied("read a payload", `SELECT payload FROM outbox`)
+	denied("changed a real event", `UPDATE outbox SET aggregatetype = '__canary' WHERE id = $1`, realID)
+	denied("deleted a real event", `DELETE FROM outbox WHERE id = $1`, realID)
+
+	canary := uuid.Must(uuid.NewV7())
+	if _, err := wc.Exec(ctx, `SELECT public.outbox_write_canary($1, $2, $3)`, canary, "sw-1", `{"instance":"sw-1","seq":1}`); err != nil {
+		t.Fatalf("outbox_write_canary: %v", err)
+	}
+	var aggType, aggID, typ string
+	if err := conn.QueryRow(ctx, `SELECT aggregatetype, aggregateid, type FROM outbox WHERE id = $1`, canary).Scan(&aggType, &aggID, &typ); err != nil {
+		t.Fatalf("the canary written: %v", err)
+	}
+	if aggType != "__canary" || aggID != "sw-1" || typ != "Canary" {
+		t.Errorf("canary row %s/%s/%s; want __canary/sw-1/Canary", aggType, aggID, typ)
+	}
+	if _, err := wc.Exec(ctx, `SELECT public.outbox_write_canary($1, 'sw-1', $2)`, uuid.New(), `{"pad":"`+strings.Repeat("x", 2000)+`"}`); err == nil {
+		t.Error("outbox_write_canary took a 2 kB payload; want it refused")
+	}
+	if n := len(ids()); n != 3 {
+		t.Errorf("%d rows in the outbox; want 3 (the real event, two canaries)", n)
 	}
 }
 

@@ -17,6 +17,10 @@ import (
 	"github.com/pgoutbox/pgoutbox/slotwatch/watch"
 )
 
+// defaultOutboxTable is sql/001_outbox.sql's table, quoted, where
+// sql/006_watch.sql's functions write and delete canaries.
+const defaultOutboxTable = `"public"."outbox"`
+
 // newPipeline builds the end-to-end watch: the canary and the continuous
 // audit, both off unless SLOTWATCH_OUTBOX_DSN is set.
 func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Report), reg prometheus.Registerer, log *slog.Logger) (*pipeline.Watch, error) {
@@ -59,10 +63,15 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 			db.Close()
 			return nil, fmt.Errorf("the canary's aggregate type %s routes to no valid topic (OUTBOX_ROUTE_*): %w", pipeline.CanaryAggregateType, err)
 		}
-		w, err := outbox.New(outbox.Config{Table: o.Table})
-		if err != nil {
-			db.Close()
-			return nil, fmt.Errorf("OUTBOX_TABLE: %w", err)
+		// public.outbox: through outbox_write_canary, since outbox_watch
+		// may not insert there (sql/006_watch.sql). Another table: as a
+		// service writes, with the INSERT its operator grants.
+		var w *outbox.Writer
+		if qt, _ := o.QuotedTable(); qt != defaultOutboxTable {
+			if w, err = outbox.New(outbox.Config{Table: o.Table}); err != nil {
+				db.Close()
+				return nil, fmt.Errorf("OUTBOX_TABLE: %w", err)
+			}
 		}
 		canary = pipeline.NewCanary(pipeline.CanaryOptions{
 			DB: db, Writer: w, Topic: topic, HeaderFormat: o.Route.HeaderFormat, Kafka: kopts,

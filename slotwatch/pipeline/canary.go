@@ -10,6 +10,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -39,7 +42,12 @@ const canaryRetention = time.Hour
 type CanaryOptions struct {
 	// DB writes the canaries (role outbox_watch).
 	DB *pgxpool.Pool
-	// Writer writes them as the services do (the outbox table).
+	// Writer writes them as the services do, into an outbox table other
+	// than public.outbox (OUTBOX_TABLE), where the operator grants the
+	// role INSERT. Nil: through public.outbox_write_canary
+	// (sql/006_watch.sql), the only way outbox_watch may write to
+	// public.outbox, so that its password cannot publish anything but
+	// canaries.
 	Writer *outbox.Writer
 	// Topic is where the canary's aggregate type routes.
 	Topic string
@@ -192,13 +200,17 @@ func (c *Canary) writeOne(ctx context.Context, seq int64) error {
 	c.mu.Lock()
 	c.sent[key] = time.Now()
 	c.mu.Unlock()
-	err = pgx.BeginFunc(ctx, c.o.DB, func(tx pgx.Tx) error {
-		_, err := c.o.Writer.Write(ctx, tx, outbox.Event{
-			ID: id, AggregateType: CanaryAggregateType, AggregateID: c.instance, Type: "Canary",
-			Payload: map[string]any{"instance": c.instance, "seq": seq},
+	payload := map[string]any{"instance": c.instance, "seq": seq}
+	if c.o.Writer == nil {
+		err = c.writeByFunction(ctx, id, payload)
+	} else {
+		err = pgx.BeginFunc(ctx, c.o.DB, func(tx pgx.Tx) error {
+			_, err := c.o.Writer.Write(ctx, tx, outbox.Event{
+				ID: id, AggregateType: CanaryAggregateType, AggregateID: c.instance, Type: canaryType, Payload: payload,
+			})
+			return err
 		})
-		return err
-	})
+	}
 	c.mu.Lock()
 	if err != nil {
 		// Rolled back, or its fate unknown (the commit's reply lost): a
@@ -212,6 +224,24 @@ func (c *Canary) writeOne(ctx context.Context, seq int64) error {
 	c.mu.Unlock()
 	c.o.Metrics.canarySent.Inc()
 	return nil
+}
+
+// canaryType is the canaries' event type (outbox_write_canary's too).
+const canaryType = "Canary"
+
+// writeByFunction commits one canary through public.outbox_write_canary:
+// one statement, its own transaction, as a service's commit.
+func (c *Canary) writeByFunction(ctx context.Context, id uuid.UUID, payload map[string]any) error {
+	body, err := json.Marshal(payload)
+	if err != nil {
+		return err
+	}
+	_, err = c.o.DB.Exec(ctx, `SELECT public.outbox_write_canary($1, $2, $3::jsonb)`, id, c.instance, string(body))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42883" { // undefined_function
+		return fmt.Errorf("public.outbox_write_canary does not exist: apply sql/006_watch.sql (outbox_watch writes canaries only through it): %w", err)
+	}
+	return err
 }
 
 func (c *Canary) read(ctx context.Context, cl *kgo.Client) {
