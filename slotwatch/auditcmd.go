@@ -46,7 +46,6 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	o.Bind(b)
 	var since, until, table, idCol, timeCol, aggType, match string
 	var chunk int
-	var skew time.Duration
 	fs.StringVar(&since, "since", "", "start of the window (RFC 3339, e.g. 2026-12-04T10:00:00Z); required")
 	fs.StringVar(&until, "until", "", "end of the window (RFC 3339; default now − the grace period)")
 	fs.StringVar(&table, "table", "", "table to audit (default OUTBOX_TABLE); a service's own table for a dual write")
@@ -54,7 +53,6 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&timeCol, "time-column", "created_at", "timestamptz column that bounds the window")
 	fs.StringVar(&aggType, "aggregate-type", "", "every row's aggregate type, for a table without one (default: the router's route.by.field column)")
 	fs.StringVar(&match, "match", string(audit.MatchHeader), "where records carry the id: header (the router's id header) or key")
-	fs.DurationVar(&skew, "skew", time.Minute, "how far before -since the topics are read: the largest gap between an event's time column and its record's timestamp (clock skew, or OUTBOX_ROUTE_FIELD_EVENT_TIMESTAMP naming another column)")
 	fs.IntVar(&chunk, "sort-chunk", audit.DefaultChunkSize, "ids per chunk of the external sort: memory grows with it, open spill files with the window divided by it")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: slotwatch audit -since TIME [-until TIME] [flags]\n\nReports every event committed in the window that is not in Kafka: one line \"missing <id> …\" each, then a summary; exit 1 when any is missing, 3 when the audit could not finish.\nIt reads SLOTWATCH_OUTBOX_DSN, OUTBOX_KAFKA_*, OUTBOX_TABLE, OUTBOX_DLQ_TOPIC and OUTBOX_ROUTE_* as slotwatch does.")
@@ -78,10 +76,7 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	if since == "" {
 		return errors.New("audit: -since is required (RFC 3339, e.g. 2026-12-04T10:00:00Z)")
 	}
-	if skew < 0 {
-		return errors.New("audit: -skew must not be negative")
-	}
-	opts := audit.Options{Grace: o.AuditGrace, Skew: skew, ChunkSize: chunk, DLQTopic: o.DLQTopic, Match: audit.Match(match),
+	opts := audit.Options{Grace: o.AuditGrace, Skew: o.AuditSkew, ChunkSize: chunk, DLQTopic: o.DLQTopic, Match: audit.Match(match),
 		HeaderFormat: o.Route.HeaderFormat, KeyFormat: o.Route.KeyFormat}
 	var err error
 	if opts.Since, err = time.Parse(time.RFC3339Nano, since); err != nil {

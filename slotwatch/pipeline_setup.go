@@ -95,7 +95,7 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 		// with the router's converters, and the dead-letter table's events
 		// dead-lettered, not missing.
 		Audit: audit.Options{
-			Source: src, Topic: topicOf, DLQTopic: o.DLQTopic, DeadLetterTable: deadLetterTable, Grace: o.AuditGrace, Skew: time.Minute,
+			Source: src, Topic: topicOf, DLQTopic: o.DLQTopic, DeadLetterTable: deadLetterTable, Grace: o.AuditGrace, Skew: o.AuditSkew,
 			Match: audit.MatchHeader, HeaderFormat: o.Route.HeaderFormat, KeyFormat: o.Route.KeyFormat,
 		},
 		AuditInterval: o.AuditInterval, AuditWindow: o.AuditWindow,

@@ -22,6 +22,8 @@ const (
 	// alerting) until it is published, for up to this long.
 	DefaultAuditWindow = 15 * time.Minute
 	DefaultAuditGrace  = time.Minute
+	// DefaultAuditSkew: how far before a window the topics are read.
+	DefaultAuditSkew = time.Minute
 )
 
 // Outbox is the end-to-end watch: a canary event through the pipeline and
@@ -62,6 +64,11 @@ type Outbox struct {
 	// AuditGrace is how old an event must be before its absence counts
 	// (SLOTWATCH_AUDIT_GRACE, default 1m).
 	AuditGrace time.Duration
+	// AuditSkew is how far before each window's start the topics are read
+	// (SLOTWATCH_AUDIT_SKEW, default 1m): the largest gap between an
+	// event's created_at and its record's timestamp (clocks, or
+	// OUTBOX_ROUTE_FIELD_EVENT_TIMESTAMP naming another column).
+	AuditSkew time.Duration
 }
 
 // Bind registers the end-to-end watch's settings on b.
@@ -74,6 +81,7 @@ func (o *Outbox) Bind(b *iconfig.Binder) {
 	b.Duration(&o.AuditInterval, "audit-interval", "SLOTWATCH_AUDIT_INTERVAL", DefaultAuditInterval, "how often the table is audited against the topics (0: no continuous audit)")
 	b.Duration(&o.AuditWindow, "audit-window", "SLOTWATCH_AUDIT_WINDOW", DefaultAuditWindow, "how far back each audit round looks")
 	b.Duration(&o.AuditGrace, "audit-grace", "SLOTWATCH_AUDIT_GRACE", DefaultAuditGrace, "how old an event must be before its absence from Kafka counts as missing")
+	b.Duration(&o.AuditSkew, "audit-skew", "SLOTWATCH_AUDIT_SKEW", DefaultAuditSkew, "how far before each window the topics are read: the largest gap between an event's created_at and its record's timestamp")
 	o.Kafka.Bind(b, "slotwatch")
 	o.Route = route.DefaultConfig()
 	o.Route.Bind(b)
@@ -113,6 +121,7 @@ func (o *Outbox) Validate() error {
 		{"SLOTWATCH_CANARY_INTERVAL", o.CanaryInterval},
 		{"SLOTWATCH_AUDIT_INTERVAL", o.AuditInterval},
 		{"SLOTWATCH_AUDIT_GRACE", o.AuditGrace},
+		{"SLOTWATCH_AUDIT_SKEW", o.AuditSkew},
 	} {
 		if d.d < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %s", d.env, d.d))
