@@ -24,4 +24,9 @@ func TestDemo(t *testing.T) {
 	if !strings.Contains(out.String(), "commit-to-consume p50") {
 		t.Fatalf("demo printed no live summary:\n%s", out.String())
 	}
+	// A first run on a fresh database has nothing to warn about: a warning
+	// there teaches a new user to ignore the connector's warnings.
+	if strings.Contains(errOut.String(), "connector warnings") {
+		t.Fatalf("demo printed connector warnings on a healthy run:\n%s", errOut.String())
+	}
 }
