@@ -67,84 +67,119 @@ func TestRegistryWaitCommitsFirst(t *testing.T) {
 		{"schema refused as incompatible, pipelined", http.StatusConflict, true, "the schema registry refused the event's schema", route.ClassSchemaRejected},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			aggType := "reg" + uniq()
-			late := aggType + "Late"
-			// The topics exist before the first transaction: one created
-			// within it was once counted by no partition added, and the
-			// session ended (a relay starts another; this test has one).
-			_, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, "outbox.event."+aggType, "outbox.event."+late, "dlq."+aggType))
-			router, refuse, refused := refusingRegistry(t, late, tc.status)
-			db := newFakeDeadLetters()
-			var reasons []string
-			var rmu sync.Mutex
-			blockedHook := func(reason string) { rmu.Lock(); reasons = append(reasons, reason); rmu.Unlock() }
-			s := newSession(t, brokers, Config{Transactional: true, TxnInterval: time.Hour, TxnMaxRecords: 1000, TopicCreate: true, DLQTopic: "dlq." + aggType, Blocked: blockedHook},
-				sessionOpts{router: router, db: db, pipeline: tc.pipeline}).start()
-
-			// The first topic's schema is registered (auto.register.schemas)
-			// and its records committed.
-			s.send(100, eventRow("id", "e1", aggType, "a", `{"n":1}`, 90, 100))
-			s.send(200, eventRow("id", "e2", aggType, "a", `{"n":2}`, 190, 200))
-			refuse.Store(true)
-			// One PostgreSQL transaction: an event that routes (its
-			// schema known), then one whose subject the registry refuses,
-			// then one more.
-			s.send(300,
-				eventRow("id", "e3", aggType, "a", `{"n":3}`, 210, 300),
-				eventRow("id", "e4", late, "b", `{"n":4}`, 220, 300),
-				eventRow("id", "e5", aggType, "a", `{"n":5}`, 230, 300))
-			deadline := time.Now().Add(10 * time.Second)
-			for !refused.Load() && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if !refused.Load() {
-				t.Fatal("the registry was never asked for the second topic's schema")
-			}
-			// e3 is in Kafka for read_committed consumers while e4 waits:
-			// committed (a transaction left open fails committed()).
-			got := ids(committed(t, brokers, "outbox.event."+aggType))
-			if want := []string{"e1", "e2", "e3"}; strings.Join(got, ",") != strings.Join(want, ",") {
-				t.Fatalf("committed while the registry refuses: %v, want %v", got, want)
-			}
-			if s.tr.Acked() >= 300 {
-				t.Fatalf("transaction 300 acked (%d) while one of its events waits for the registry", s.tr.Acked())
-			}
-			time.Sleep(500 * time.Millisecond) // a few retries
-			refuse.Store(false)
-			if !s.waitAcked(300, 20*time.Second) {
-				t.Fatalf("transaction 300 not acked after the registry answered: acked %d", s.tr.Acked())
-			}
-			if err := s.close(); err != nil {
-				t.Fatalf("producer: %v", err)
-			}
-			if got := ids(committed(t, brokers, "outbox.event."+aggType)); strings.Join(got, ",") != "e1,e2,e3,e5" {
-				t.Fatalf("first topic: %v, want e1,e2,e3,e5", got)
-			}
-			if got := ids(committed(t, brokers, "outbox.event."+late)); strings.Join(got, ",") != "e4" {
-				t.Fatalf("second topic: %v, want e4", got)
-			}
-			if n := db.count(); n != 0 {
-				t.Fatalf("%d dead letters in the table; want none", n)
-			}
-			var m dto.Metric
-			if err := s.m.RouteRetries.WithLabelValues(string(tc.class)).Write(&m); err != nil {
-				t.Fatal(err)
-			}
-			if n := m.GetCounter().GetValue(); n < 2 {
-				t.Fatalf("outbox_connector_route_retries_total{class=%q} %v after half a second of retries; want at least 2", tc.class, n)
-			}
-			// /healthz said why the line waited, and stopped saying it.
-			rmu.Lock()
-			said := append([]string(nil), reasons...)
-			rmu.Unlock()
-			if len(said) < 2 || !strings.Contains(said[0], "schema registry") || said[len(said)-1] != "" {
-				t.Fatalf("Blocked hook told %q; want the wait's reason, then \"\" once it passed", said)
-			}
-			if !strings.Contains(s.log.String(), tc.logged) {
-				t.Fatalf("log lacks %q:\n%s", tc.logged, s.log.String())
+			// franz-go's race (endCommit) may end the session as designed
+			// when a lane's first record goes to a topic that lane's client
+			// never produced to: a relay starts another session from the
+			// confirmed position, this test has only one, so it runs the
+			// case again (seen once in CI, 0 in 60 runs alone).
+			for attempt := 1; ; attempt++ {
+				if !registryWaitCase(t, tc.status, tc.pipeline, tc.logged, tc.class) {
+					return
+				}
+				if attempt == 3 {
+					t.Fatal("franz-go ended the commit as an abort in three runs in a row")
+				}
+				t.Logf("run %d: franz-go ended the commit as an abort (the session ended, as designed); running the case again", attempt)
 			}
 		})
 	}
+}
+
+// registryWaitCase is one run of a TestRegistryWaitCommitsFirst case; it
+// reports whether franz-go's commit race ended the session.
+func registryWaitCase(t *testing.T, status int, pipeline bool, logged string, class route.ErrorClass) (raced bool) {
+	t.Helper()
+	tc := struct {
+		status   int
+		pipeline bool
+		logged   string
+		class    route.ErrorClass
+	}{status, pipeline, logged, class}
+	aggType := "reg" + uniq()
+	late := aggType + "Late"
+	// The topics exist before the first transaction: one created
+	// within it was once counted by no partition added, and the
+	// session ended (a relay starts another; this test has one).
+	_, brokers := fakeKafka(t, kfake.NumBrokers(1), kfake.SeedTopics(1, "outbox.event."+aggType, "outbox.event."+late, "dlq."+aggType))
+	router, refuse, refused := refusingRegistry(t, late, tc.status)
+	db := newFakeDeadLetters()
+	var reasons []string
+	var rmu sync.Mutex
+	blockedHook := func(reason string) { rmu.Lock(); reasons = append(reasons, reason); rmu.Unlock() }
+	s := newSession(t, brokers, Config{Transactional: true, TxnInterval: time.Hour, TxnMaxRecords: 1000, TopicCreate: true, DLQTopic: "dlq." + aggType, Blocked: blockedHook},
+		sessionOpts{router: router, db: db, pipeline: tc.pipeline}).start()
+
+	// The first topic's schema is registered (auto.register.schemas)
+	// and its records committed.
+	s.send(100, eventRow("id", "e1", aggType, "a", `{"n":1}`, 90, 100))
+	s.send(200, eventRow("id", "e2", aggType, "a", `{"n":2}`, 190, 200))
+	refuse.Store(true)
+	// One PostgreSQL transaction: an event that routes (its
+	// schema known), then one whose subject the registry refuses,
+	// then one more.
+	s.send(300,
+		eventRow("id", "e3", aggType, "a", `{"n":3}`, 210, 300),
+		eventRow("id", "e4", late, "b", `{"n":4}`, 220, 300),
+		eventRow("id", "e5", aggType, "a", `{"n":5}`, 230, 300))
+	deadline := time.Now().Add(10 * time.Second)
+	for !refused.Load() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !refused.Load() {
+		t.Fatal("the registry was never asked for the second topic's schema")
+	}
+	// e3 is in Kafka for read_committed consumers while e4 waits:
+	// committed (a transaction left open fails committed()).
+	got := ids(committed(t, brokers, "outbox.event."+aggType))
+	if want := []string{"e1", "e2", "e3"}; strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("committed while the registry refuses: %v, want %v", got, want)
+	}
+	if s.tr.Acked() >= 300 {
+		t.Fatalf("transaction 300 acked (%d) while one of its events waits for the registry", s.tr.Acked())
+	}
+	time.Sleep(500 * time.Millisecond) // a few retries
+	refuse.Store(false)
+	if !s.waitAcked(300, 20*time.Second) {
+		select {
+		case err := <-s.done:
+			if errors.Is(err, errCommitAborted) || errors.Is(err, errCommitSkipped) {
+				return true
+			}
+			t.Fatalf("transaction 300 not acked after the registry answered: acked %d; the session ended: %v", s.tr.Acked(), err)
+		default:
+		}
+		t.Fatalf("transaction 300 not acked after the registry answered: acked %d", s.tr.Acked())
+	}
+	if err := s.close(); err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	if got := ids(committed(t, brokers, "outbox.event."+aggType)); strings.Join(got, ",") != "e1,e2,e3,e5" {
+		t.Fatalf("first topic: %v, want e1,e2,e3,e5", got)
+	}
+	if got := ids(committed(t, brokers, "outbox.event."+late)); strings.Join(got, ",") != "e4" {
+		t.Fatalf("second topic: %v, want e4", got)
+	}
+	if n := db.count(); n != 0 {
+		t.Fatalf("%d dead letters in the table; want none", n)
+	}
+	var m dto.Metric
+	if err := s.m.RouteRetries.WithLabelValues(string(tc.class)).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetCounter().GetValue(); n < 2 {
+		t.Fatalf("outbox_connector_route_retries_total{class=%q} %v after half a second of retries; want at least 2", tc.class, n)
+	}
+	// /healthz said why the line waited, and stopped saying it.
+	rmu.Lock()
+	said := append([]string(nil), reasons...)
+	rmu.Unlock()
+	if len(said) < 2 || !strings.Contains(said[0], "schema registry") || said[len(said)-1] != "" {
+		t.Fatalf("Blocked hook told %q; want the wait's reason, then \"\" once it passed", said)
+	}
+	if !strings.Contains(s.log.String(), tc.logged) {
+		t.Fatalf("log lacks %q:\n%s", tc.logged, s.log.String())
+	}
+	return false
 }
 
 // TestRegistryWaitSettlesCommitInFlight: pipelined, a commit in flight when
