@@ -63,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer, canaryAge, auditAge func() float64) *
 			Name: "slotwatch_audit_duplicated_events", Help: "Events the last audit round found more than once on their topic.",
 		}),
 		deadLettered: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "slotwatch_audit_dead_lettered_events", Help: "Events the last audit round found on the dead-letter topic only.",
+			Name: "slotwatch_audit_dead_lettered_events", Help: "Events the last audit round found dead-lettered only: on the dead-letter topic or in the outbox_dead_letter table.",
 		}),
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "slotwatch_audit_runs_total", Help: "Audit rounds, by result (ok, error).",
