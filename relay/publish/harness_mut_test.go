@@ -246,6 +246,22 @@ func (s *session) wait(timeout time.Duration) error {
 	}
 }
 
+// raced reports whether the session ended because franz-go ended a
+// commit as an abort (errCommitAborted, errCommitSkipped: see endCommit),
+// which a relay answers with a new session; any other end fails the test.
+func (s *session) raced() bool {
+	s.t.Helper()
+	select {
+	case err := <-s.done:
+		if errors.Is(err, errCommitAborted) || errors.Is(err, errCommitSkipped) {
+			return true
+		}
+		s.t.Fatalf("the session ended: %v", err)
+	default:
+	}
+	return false
+}
+
 // waitAcked waits until the tracker acked lsn.
 func (s *session) waitAcked(lsn uint64, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)

@@ -126,6 +126,9 @@ func registryWaitCase(t *testing.T, status int, pipeline bool, logged string, cl
 		time.Sleep(10 * time.Millisecond)
 	}
 	if !refused.Load() {
+		if s.raced() {
+			return true
+		}
 		t.Fatal("the registry was never asked for the second topic's schema")
 	}
 	// e3 is in Kafka for read_committed consumers while e4 waits:
@@ -140,13 +143,8 @@ func registryWaitCase(t *testing.T, status int, pipeline bool, logged string, cl
 	time.Sleep(500 * time.Millisecond) // a few retries
 	refuse.Store(false)
 	if !s.waitAcked(300, 20*time.Second) {
-		select {
-		case err := <-s.done:
-			if errors.Is(err, errCommitAborted) || errors.Is(err, errCommitSkipped) {
-				return true
-			}
-			t.Fatalf("transaction 300 not acked after the registry answered: acked %d; the session ended: %v", s.tr.Acked(), err)
-		default:
+		if s.raced() {
+			return true
 		}
 		t.Fatalf("transaction 300 not acked after the registry answered: acked %d", s.tr.Acked())
 	}

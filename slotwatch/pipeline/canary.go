@@ -292,5 +292,7 @@ func (c *Canary) receive(r *kgo.Record, now time.Time) {
 	}
 	c.mu.Unlock()
 	c.o.Metrics.canaryReceived.Inc()
-	c.o.Metrics.canaryLatency.Observe(now.Sub(at).Seconds())
+	lat := now.Sub(at)
+	c.o.Metrics.canaryLatency.Observe(lat.Seconds())
+	c.o.Log.Debug("canary: read back", "id", id, "latency_seconds", lat.Seconds())
 }
