@@ -246,6 +246,9 @@ func TestOutboxValidate(t *testing.T) {
 		{"grace eats the window", map[string]string{"SLOTWATCH_AUDIT_INTERVAL": "5m", "SLOTWATCH_AUDIT_WINDOW": "10m", "SLOTWATCH_AUDIT_GRACE": "6m"},
 			"SLOTWATCH_AUDIT_INTERVAL (5m0s) must not be longer than"},
 		{"audit off: no gap to leave", map[string]string{"SLOTWATCH_AUDIT_INTERVAL": "0", "SLOTWATCH_AUDIT_WINDOW": "1m"}, ""},
+		// The one-shot `slotwatch audit` validates these too: a grace past
+		// the window is no gap when no round runs (it was refused).
+		{"audit off, grace past the window", map[string]string{"SLOTWATCH_AUDIT_INTERVAL": "0", "SLOTWATCH_AUDIT_GRACE": "30m"}, ""},
 		{"watch off: not checked", map[string]string{"SLOTWATCH_OUTBOX_DSN": "", "SLOTWATCH_AUDIT_INTERVAL": "1h"}, ""},
 		{"window not beyond grace", map[string]string{"SLOTWATCH_AUDIT_WINDOW": "1m"}, "SLOTWATCH_AUDIT_WINDOW (1m0s) must be longer than SLOTWATCH_AUDIT_GRACE"},
 	}

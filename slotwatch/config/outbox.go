@@ -132,7 +132,7 @@ func (o *Outbox) Validate() error {
 	}
 	if o.AuditInterval > 0 && o.AuditWindow <= o.AuditGrace {
 		errs = append(errs, fmt.Errorf("SLOTWATCH_AUDIT_WINDOW (%s) must be longer than SLOTWATCH_AUDIT_GRACE (%s): the audit judges events between the two", o.AuditWindow, o.AuditGrace))
-	} else if o.AuditInterval > o.AuditWindow-o.AuditGrace {
+	} else if o.AuditInterval > 0 && o.AuditInterval > o.AuditWindow-o.AuditGrace {
 		// A round at t judges [t−window, t−grace); the next, at
 		// t+interval, starts at t+interval−window: past t−grace, events
 		// committed in between would never be judged.
