@@ -31,6 +31,19 @@ var errMissing = errors.New("events are missing")
 // not 1, which says events are missing, nor 2, a usage error.
 const exitAuditFailed = 3
 
+// usage makes a configuration error exit 2, as a usage error: the exit
+// status of slotwatch audit is a verdict, and 1 says events are missing.
+func usage(err error) error {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	var u *cli.UsageError
+	if errors.As(err, &u) {
+		return err
+	}
+	return &cli.UsageError{Msg: err.Error()}
+}
+
 // deadLetterTable is where the connector keeps events too large for any
 // topic (sql/003_dead_letter.sql): they are dead-lettered, not missing.
 const deadLetterTable = "public.outbox_dead_letter"
@@ -55,66 +68,72 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&match, "match", string(audit.MatchHeader), "where records carry the id: header (the router's id header) or key")
 	fs.IntVar(&chunk, "sort-chunk", audit.DefaultChunkSize, "ids per chunk of the external sort: memory grows with it, open spill files with the window divided by it")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: slotwatch audit -since TIME [-until TIME] [flags]\n\nReports every event committed in the window that is not in Kafka: one line \"missing <id> …\" each, then a summary; exit 1 when any is missing, 3 when the audit could not finish.\nIt reads SLOTWATCH_OUTBOX_DSN, OUTBOX_KAFKA_*, OUTBOX_TABLE, OUTBOX_DLQ_TOPIC and OUTBOX_ROUTE_* as slotwatch does.")
+		fmt.Fprintln(fs.Output(), "usage: slotwatch audit -since TIME [-until TIME] [flags]\n\nReports every event committed in the window that is not in Kafka: one line \"missing <id> …\" each, then a summary; exit 1 when any is missing, 2 on a usage or configuration error, 3 when the audit could not finish.\nIt reads SLOTWATCH_OUTBOX_DSN, OUTBOX_KAFKA_*, OUTBOX_TABLE, OUTBOX_DLQ_TOPIC and OUTBOX_ROUTE_* as slotwatch does.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		return usage(err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("audit: unexpected arguments %q", fs.Args())
+		return usage(fmt.Errorf("audit: unexpected arguments %q", fs.Args()))
 	}
 	if err := b.Err(); err != nil {
-		return err
+		return usage(err)
 	}
 	if !o.Enabled() {
-		return errors.New("audit: SLOTWATCH_OUTBOX_DSN: missing; set it to the outbox's database (role outbox_watch, sql/006_watch.sql)")
+		return usage(errors.New("audit: SLOTWATCH_OUTBOX_DSN: missing; set it to the outbox's database (role outbox_watch, sql/006_watch.sql)"))
 	}
 	if err := o.Validate(); err != nil {
-		return err
+		return usage(err)
 	}
 	if since == "" {
-		return errors.New("audit: -since is required (RFC 3339, e.g. 2026-12-04T10:00:00Z)")
+		return usage(errors.New("audit: -since is required (RFC 3339, e.g. 2026-12-04T10:00:00Z)"))
 	}
 	opts := audit.Options{Grace: o.AuditGrace, Skew: o.AuditSkew, ChunkSize: chunk, DLQTopic: o.DLQTopic, Match: audit.Match(match),
 		HeaderFormat: o.Route.HeaderFormat, KeyFormat: o.Route.KeyFormat}
 	var err error
 	if opts.Since, err = time.Parse(time.RFC3339Nano, since); err != nil {
-		return fmt.Errorf("audit: -since %q is not an RFC 3339 time such as 2026-12-04T10:00:00Z", since)
+		return usage(fmt.Errorf("audit: -since %q is not an RFC 3339 time such as 2026-12-04T10:00:00Z", since))
 	}
 	if until != "" {
 		if opts.Until, err = time.Parse(time.RFC3339Nano, until); err != nil {
-			return fmt.Errorf("audit: -until %q is not an RFC 3339 time such as 2026-12-04T11:00:00Z", until)
+			return usage(fmt.Errorf("audit: -until %q is not an RFC 3339 time such as 2026-12-04T11:00:00Z", until))
 		}
 		if !opts.Until.After(opts.Since) {
-			return errors.New("audit: -until must be after -since")
+			return usage(errors.New("audit: -until must be after -since"))
 		}
 	}
 	if opts.Match != audit.MatchHeader && opts.Match != audit.MatchKey {
-		return fmt.Errorf("audit: -match %q: use header or key", match)
+		return usage(fmt.Errorf("audit: -match %q: use header or key", match))
+	}
+	if err := audit.CheckFormat("OUTBOX_ROUTE_HEADER_FORMAT: header", o.Route.HeaderFormat); err != nil {
+		return usage(fmt.Errorf("audit: %w", err))
+	}
+	if err := audit.CheckFormat("OUTBOX_ROUTE_KEY_FORMAT: key", o.Route.KeyFormat); err != nil && opts.Match == audit.MatchKey {
+		return usage(fmt.Errorf("audit: %w", err))
 	}
 	src, err := source(o, table, idCol, timeCol, aggType)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	opts.Source = src
-	if table == "" && idCol == "" && opts.Match == audit.MatchHeader {
+	if src.EventIDColumn != "" {
 		opts.DeadLetterTable = deadLetterTable
 	}
 	if opts.Topic, err = route.TopicOf(o.Route); err != nil {
-		return fmt.Errorf("audit: routing (OUTBOX_ROUTE_*): %w", err)
+		return usage(fmt.Errorf("audit: routing (OUTBOX_ROUTE_*): %w", err))
 	}
 	opts.OnMissing = func(m audit.Missing) { fmt.Fprintln(stdout, m.String()) }
 	opts.OnDuplicate = func(id string, n int) { fmt.Fprintf(stdout, "duplicate %s copies=%d\n", id, n) }
 
 	db, err := pgxpool.New(ctx, o.DSN)
 	if err != nil {
-		return fmt.Errorf("audit: SLOTWATCH_OUTBOX_DSN: %w", err)
+		return &cli.CodeError{Code: exitAuditFailed, Err: fmt.Errorf("audit: SLOTWATCH_OUTBOX_DSN: %w", err)}
 	}
 	defer db.Close()
 	cl, err := kgo.NewClient(append(o.Kafka.Opts(nil), audit.ClientOpts()...)...)
 	if err != nil {
-		return fmt.Errorf("audit: Kafka client: %w", err)
+		return &cli.CodeError{Code: exitAuditFailed, Err: fmt.Errorf("audit: Kafka client: %w", err)}
 	}
 	defer cl.Close()
 	if os.Getenv("GOMEMLIMIT") == "" {
@@ -149,7 +168,12 @@ func source(o config.Outbox, table, idCol, timeCol, aggType string) (audit.Sourc
 		idCol = o.Route.FieldEventID
 	}
 	ident := func(c string) string { return pgx.Identifier{c}.Sanitize() }
-	s := audit.Source{Table: qt, IDColumn: ident(idCol), TimeColumn: ident(timeCol)}
+	s := audit.Source{Table: qt, IDColumn: ident(idCol), IDName: idCol, TimeColumn: ident(timeCol)}
+	if oq, err := o.QuotedTable(); err == nil && oq == qt {
+		// The outbox: its events are dead-lettered by event id, whatever
+		// is matched.
+		s.EventIDColumn = ident(o.Route.FieldEventID)
+	}
 	if aggType != "" {
 		s.AggregateType = aggType
 		s.KeyColumn = ident(idCol)

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,7 +34,22 @@ import (
 	"github.com/pgoutbox/pgoutbox/slotwatch/web"
 )
 
-func main() { cli.Main("slotwatch", envRule(), run) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "audit" {
+		// The exit status of slotwatch audit is a verdict (1: events are
+		// missing), so a refused environment exits 2, a usage error.
+		check := func(environ []string) error {
+			if err := iconfig.CheckUnknownEnv(environ, envRule()); err != nil {
+				return &cli.UsageError{Msg: err.Error()}
+			}
+			return nil
+		}
+		os.Exit(cli.Exit(context.Background(), "slotwatch", os.Environ(), os.Stderr, check, func(ctx context.Context) error {
+			return run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+		}))
+	}
+	cli.Main("slotwatch", envRule(), run)
+}
 
 // envRule: slotwatch refuses SLOTWATCH_* variables it does not read.
 func envRule() iconfig.EnvRule {

@@ -74,7 +74,7 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 			}
 		}
 		canary = pipeline.NewCanary(pipeline.CanaryOptions{
-			DB: db, Writer: w, Topic: topic, HeaderFormat: o.Route.HeaderFormat, Kafka: kopts,
+			DB: db, Writer: w, Topic: topic, Kafka: kopts,
 			Interval: o.CanaryInterval, Timeout: o.CanaryTimeout, Log: log, Metrics: m,
 		})
 	}

@@ -20,6 +20,7 @@ package audit
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -55,6 +56,14 @@ type Source struct {
 	// IDColumn is what is matched against Kafka (the event id, or for
 	// MatchKey the key column).
 	IDColumn string
+	// EventIDColumn is the event id, which dead letters are keyed by (the
+	// DLQ topic's records and the dead-letter table's rows); empty: the
+	// table's events are never dead-lettered by the relay (a service's own
+	// table). With MatchHeader it is IDColumn.
+	EventIDColumn string
+	// IDName is IDColumn unquoted: with MatchKey, a dead letter's key is
+	// read from its value (the row as JSON) by this name.
+	IDName string
 	// TimeColumn bounds the window (a timestamptz such as created_at).
 	TimeColumn string
 	// RouteColumn is route.by.field; empty: every row has AggregateType.
@@ -76,7 +85,8 @@ type Options struct {
 	Match Match
 	// HeaderFormat and KeyFormat are the router's header and key
 	// converters (OUTBOX_ROUTE_HEADER_FORMAT, _KEY_FORMAT; default string):
-	// the id is compared as text once unwrapped (DecodeID).
+	// one the audit cannot read is refused. Ids are decoded by their shape
+	// (DecodeID), so records of a converter used before are read too.
 	HeaderFormat, KeyFormat route.Format
 	// DLQTopic is the dead-letter topic, keyed by event id; empty: none.
 	DLQTopic string
@@ -85,7 +95,13 @@ type Options struct {
 	// missing. Empty, or a table that does not exist: none.
 	DeadLetterTable string
 	// Since and Until bound the window by TimeColumn: Since ≤ t < Until.
+	// A zero Until is now − Grace.
 	Since, Until time.Time
+	// Window, when Since is zero, starts the window that long before now,
+	// on the database's clock, as Until is: a round of the continuous audit
+	// reads both ends from one clock, so that consecutive windows overlap
+	// however far the watcher's clock is from the database's.
+	Window time.Duration
 	// Grace: rows younger than Now − Grace are not judged (they may still
 	// be on their way). It is counted from the time column (created_at,
 	// the inserting transaction's start), not from the commit: a grace
@@ -207,20 +223,35 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	if o.ChunkSize <= 0 {
 		o.ChunkSize = DefaultChunkSize
 	}
-	for _, f := range []struct {
-		what string
-		f    route.Format
-	}{{"header", o.HeaderFormat}, {"key", o.KeyFormat}} {
-		if err := CheckFormat(f.what, f.f); err != nil {
-			return Result{Since: o.Since, Until: o.Until}, err
-		}
+	// Only the converter of what is matched: keys under Avro do not stop
+	// an audit of the id headers.
+	what, f := "header", o.HeaderFormat
+	if o.Match == MatchKey {
+		what, f = "key", o.KeyFormat
+	}
+	if err := CheckFormat(what, f); err != nil {
+		return Result{Since: o.Since, Until: o.Until}, err
 	}
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return Result{Since: o.Since, Until: o.Until}, fmt.Errorf("begin the audit's snapshot: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	// The snapshot is taken here, by the transaction's first query.
+	defer func() {
+		// Bounded: a server that no longer answers must not hold the
+		// audit (and the continuous audit's next rounds) forever; the
+		// server ends the transaction when the connection goes.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	// The transaction is idle while Kafka is read, for minutes over a
+	// large window: a server or role idle_in_transaction_session_timeout
+	// shorter than that would end the session and fail every such audit.
+	if _, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
+		return Result{Since: o.Since, Until: o.Until}, fmt.Errorf("begin the audit's snapshot: %w", err)
+	}
+	// The snapshot is taken here, by the transaction's first query (SET
+	// takes none).
 	var dbNow time.Time
 	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
 		return Result{Since: o.Since, Until: o.Until}, fmt.Errorf("take the audit's snapshot: %w", err)
@@ -228,6 +259,9 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	now := dbNow
 	if o.Now != nil {
 		now = o.Now()
+	}
+	if o.Since.IsZero() {
+		o.Since = now.Add(-o.Window)
 	}
 	until := o.Until
 	if due := now.Add(-o.Grace); until.IsZero() || until.After(due) {
@@ -239,7 +273,13 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 		return res, nil
 	}
 
-	topics, err := routedTopics(ctx, tx, o, until)
+	// With MatchKey, the topics of the rows around the window are read
+	// too: their records share keys with the window's (compare).
+	lo, hi := o.Since, until
+	if o.Match == MatchKey {
+		lo, hi = o.Since.Add(-o.Skew), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	topics, err := routedTopics(ctx, tx, o, lo, hi)
 	if err != nil {
 		return res, err
 	}
@@ -329,7 +369,7 @@ const (
 // routedTopics maps the route values present in the window to their
 // topics. An unroutable value has none: its events are reported missing
 // with an empty topic.
-func routedTopics(ctx context.Context, db pgx.Tx, o Options, until time.Time) (map[string]string, error) {
+func routedTopics(ctx context.Context, db pgx.Tx, o Options, since, until time.Time) (map[string]string, error) {
 	byValue := map[string]string{}
 	if o.Source.RouteColumn == "" {
 		t, err := o.Topic(o.Source.AggregateType)
@@ -340,7 +380,7 @@ func routedTopics(ctx context.Context, db pgx.Tx, o Options, until time.Time) (m
 	} else {
 		q := fmt.Sprintf(`SELECT DISTINCT %s::text FROM %s WHERE %s >= $1 AND %s < $2`,
 			o.Source.RouteColumn, o.Source.Table, o.Source.TimeColumn, o.Source.TimeColumn)
-		rows, err := db.Query(ctx, q, o.Since, until)
+		rows, err := db.Query(ctx, q, since, until)
 		if err != nil {
 			return nil, fmt.Errorf("list the aggregate types in %s: %w", o.Source.Table, err)
 		}
@@ -373,7 +413,7 @@ func routedTopics(ctx context.Context, db pgx.Tx, o Options, until time.Time) (m
 
 // readKafka sends every id on topics from Since − Skew up to the end
 // offsets listed now to ids, tagged, and returns how many records it read.
-func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ids chan<- string, sortReturned <-chan struct{}) (int64, error) {
+func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ids chan<- string, sortReturned <-chan struct{}) (n int64, err error) {
 	if len(topics) == 0 {
 		return 0, nil
 	}
@@ -440,7 +480,16 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 		cl.RemoveConsumePartitions(rm)
 	}()
 
-	var n int64
+	var unreadable int64
+	defer func() {
+		if err == nil && unreadable > 0 && unreadable >= n {
+			where := "id header"
+			if o.Match == MatchKey {
+				where = "key"
+			}
+			err = fmt.Errorf("%d of the %d records read carry no %s the audit can read (a null, or another producer's records): every event would look missing; check that these topics are the router's (OUTBOX_ROUTE_*) and -match", unreadable, n+unreadable, where)
+		}
+	}()
 	for left > 0 {
 		pctx, cancel := context.WithTimeout(ctx, o.Idle)
 		fs := cl.PollFetches(pctx)
@@ -469,7 +518,10 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 			reached[r.Topic][r.Partition] = r.Offset
 			if r.Offset < end && !r.Attrs.IsControl() {
 				id, ok := recordID(r, o, r.Topic == o.DLQTopic)
-				if ok && id != "" {
+				switch {
+				case (!ok || id == "") && r.Topic != o.DLQTopic:
+					unreadable++
+				case ok && id != "":
 					tag := tagRouted
 					if r.Topic == o.DLQTopic {
 						tag = tagDLQ
@@ -503,19 +555,27 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 	return n, nil
 }
 
-// recordID is the id a record carries: a dead letter's key is the event
-// id, as is; a routed record's id is in its id header or its key, written
-// by the router's header or key converter.
+// recordID is the id a record carries: a routed record's is in its id
+// header or its key, written by one of the router's converters. A dead
+// letter's key is the event id, as is; with MatchKey, what the rows are
+// matched on is read from its value (the row, a JSON object of the
+// columns' text).
 func recordID(r *kgo.Record, o Options, dlq bool) (string, bool) {
 	switch {
+	case dlq && o.Match == MatchKey:
+		var row map[string]*string
+		if err := json.Unmarshal(r.Value, &row); err != nil || row[o.Source.IDName] == nil {
+			return "", false
+		}
+		return *row[o.Source.IDName], true
 	case dlq:
 		return string(r.Key), r.Key != nil
 	case o.Match == MatchKey:
-		return DecodeID(r.Key, o.KeyFormat)
+		return DecodeID(r.Key)
 	}
 	for _, h := range r.Headers {
 		if h.Key == "id" {
-			return DecodeID(h.Value, o.HeaderFormat)
+			return DecodeID(h.Value)
 		}
 	}
 	return "", false
@@ -534,14 +594,39 @@ func compare(ctx context.Context, tx pgx.Tx, o Options, until time.Time, topics 
 	if s.KeyColumn != "" {
 		keyExpr = "o." + s.KeyColumn + "::text"
 	}
-	if o.DeadLetterTable != "" && o.Match != MatchKey {
+	if o.DeadLetterTable != "" && s.EventIDColumn != "" {
 		deadExpr = "d.id IS NOT NULL"
-		join = fmt.Sprintf(" LEFT JOIN %s d ON d.id = o.%s::text", o.DeadLetterTable, s.IDColumn)
+		join = fmt.Sprintf(" LEFT JOIN %s d ON d.id = o.%s::text", o.DeadLetterTable, s.EventIDColumn)
 	}
-	// COLLATE "C" orders as Go compares strings: bytewise.
-	q := fmt.Sprintf(`SELECT o.%s::text, %s, %s, o.%s, %s FROM %s o%s WHERE o.%s >= $1 AND o.%s < $2 ORDER BY o.%s::text COLLATE "C", o.%s`,
-		s.IDColumn, routeExpr, keyExpr, s.TimeColumn, deadExpr, s.Table, join, s.TimeColumn, s.TimeColumn, s.IDColumn, s.TimeColumn)
-	rows, err := tx.Query(ctx, q, o.Since, until)
+	var (
+		q    string
+		args []any
+	)
+	if o.Match == MatchKey {
+		// An aggregate's records cannot be told apart by their key, and
+		// its rows outside the window have records too: those created
+		// from Since − Skew (whose records the Kafka side reads) and after
+		// Until (read up to the end). They are counted as delivered first
+		// (unjudged), so that a later event's record never covers a lost
+		// one of the window, nor shows as its duplicate. The price: an
+		// event committed after the window and still on its way when the
+		// snapshot was taken makes one of the window's look missing, until
+		// the next audit.
+		in := fmt.Sprintf("o.%s >= $1 AND o.%s < $2", s.TimeColumn, s.TimeColumn)
+		q = fmt.Sprintf(`SELECT id, rv, k, t, dead, unjudged FROM (
+SELECT o.%s::text AS id, %s AS rv, %s AS k, o.%s AS t, %s AS dead, %s AS judged,
+	count(*) FILTER (WHERE NOT (%s)) OVER (PARTITION BY o.%s::text) AS unjudged
+FROM %s o%s WHERE o.%s >= $3) s
+WHERE judged ORDER BY id COLLATE "C", t`,
+			s.IDColumn, routeExpr, keyExpr, s.TimeColumn, deadExpr, in, in, s.IDColumn, s.Table, join, s.TimeColumn)
+		args = []any{o.Since, until, o.Since.Add(-o.Skew)}
+	} else {
+		// COLLATE "C" orders as Go compares strings: bytewise.
+		q = fmt.Sprintf(`SELECT o.%s::text, %s, %s, o.%s, %s, 0::bigint FROM %s o%s WHERE o.%s >= $1 AND o.%s < $2 ORDER BY o.%s::text COLLATE "C", o.%s`,
+			s.IDColumn, routeExpr, keyExpr, s.TimeColumn, deadExpr, s.Table, join, s.TimeColumn, s.TimeColumn, s.IDColumn, s.TimeColumn)
+		args = []any{o.Since, until}
+	}
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		if o.DeadLetterTable != "" {
 			return fmt.Errorf("read the ids of %s and %s (outbox_watch needs SELECT (id) on both, sql/006_watch.sql): %w", s.Table, o.DeadLetterTable, err)
@@ -572,6 +657,7 @@ func compare(ctx context.Context, tx pgx.Tx, o Options, until time.Time, topics 
 		inGroup      bool
 		routed, dead int // records of group not yet matched to a row
 		routedAll    int
+		unjudged     int64
 	)
 	endGroup := func() {
 		// More records than rows: each row took one, the rest are copies.
@@ -589,7 +675,7 @@ func compare(ctx context.Context, tx pgx.Tx, o Options, until time.Time, topics 
 			created time.Time
 			dlt     bool
 		)
-		if err := rows.Scan(&id, &rv, &key, &created, &dlt); err != nil {
+		if err := rows.Scan(&id, &rv, &key, &created, &dlt, &unjudged); err != nil {
 			return fmt.Errorf("read the ids of %s: %w", s.Table, err)
 		}
 		res.Audited++
@@ -612,6 +698,11 @@ func compare(ctx context.Context, tx pgx.Tx, o Options, until time.Time, topics 
 				}
 			}
 			routedAll = routed
+			// The group's rows outside the window take their records
+			// first (MatchKey; none otherwise): routed, then dead letters.
+			take := min(int64(routed), unjudged)
+			routed -= int(take)
+			dead = max(0, dead-int(unjudged-take))
 		}
 		switch {
 		case routed > 0:

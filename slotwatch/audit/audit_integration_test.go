@@ -45,12 +45,18 @@ type event struct {
 	// copies on the routed topic, on the DLQ topic; in the dead-letter table.
 	routed, dlq int
 	table       bool
+	// age is how long before now the row was created (default two
+	// minutes: inside the window the cases audit, past its grace).
+	age time.Duration
+	// format writes the id header with this converter instead of the
+	// audit's (records of a converter used before).
+	format route.Format
 }
 
 func (f *fixture) write(t *testing.T, aggType string, evs []event, o Options) {
 	t.Helper()
 	ctx := context.Background()
-	created := time.Now().Add(-2 * time.Minute)
+	now := time.Now()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers), kgo.AllowAutoTopicCreation())
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +64,14 @@ func (f *fixture) write(t *testing.T, aggType string, evs []event, o Options) {
 	defer cl.Close()
 	topic, _ := o.Topic(aggType)
 	for _, e := range evs {
+		created := now.Add(-2 * time.Minute)
+		if e.age != 0 {
+			created = now.Add(-e.age)
+		}
+		hf := o.HeaderFormat
+		if e.format != "" {
+			hf = e.format
+		}
 		if _, err := f.db.Exec(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at) VALUES ($1, $2, $3, 'T', '{}', $4)`,
 			e.id, aggType, e.agg, created); err != nil {
 			t.Fatal(err)
@@ -68,13 +82,16 @@ func (f *fixture) write(t *testing.T, aggType string, evs []event, o Options) {
 			}
 		}
 		for i := 0; i < e.routed; i++ {
-			r := &kgo.Record{Topic: topic, Key: encode(e.agg, o.KeyFormat), Headers: []kgo.RecordHeader{{Key: "id", Value: encode(e.id, o.HeaderFormat)}}}
+			r := &kgo.Record{Topic: topic, Key: encode(e.agg, o.KeyFormat), Headers: []kgo.RecordHeader{{Key: "id", Value: encode(e.id, hf)}}}
 			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 				t.Fatal(err)
 			}
 		}
 		for i := 0; i < e.dlq; i++ {
-			if err := cl.ProduceSync(ctx, &kgo.Record{Topic: o.DLQTopic, Key: []byte(e.id)}).FirstErr(); err != nil {
+			// As route.DeadLetter writes it: keyed by event id, the row's
+			// columns as JSON text.
+			val := fmt.Sprintf(`{"id":%q,"aggregatetype":%q,"aggregateid":%q}`, e.id, aggType, e.agg)
+			if err := cl.ProduceSync(ctx, &kgo.Record{Topic: o.DLQTopic, Key: []byte(e.id), Value: []byte(val)}).FirstErr(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -111,10 +128,10 @@ func (f *fixture) audit(t *testing.T, aggType string, o Options) (Result, []stri
 	o.Since = time.Now().Add(-10 * time.Minute)
 	o.Grace = time.Minute
 	o.Skew = 20 * time.Minute // the records are stamped now, the rows two minutes ago
-	o.Source.Table, o.Source.IDColumn, o.Source.TimeColumn = `"public"."outbox"`, "id", "created_at"
-	o.Source.RouteColumn, o.Source.KeyColumn = "aggregatetype", "aggregateid"
+	o.Source.Table, o.Source.IDColumn, o.Source.IDName, o.Source.TimeColumn = `"public"."outbox"`, "id", "id", "created_at"
+	o.Source.RouteColumn, o.Source.KeyColumn, o.Source.EventIDColumn = "aggregatetype", "aggregateid", "id"
 	if o.Match == MatchKey {
-		o.Source.IDColumn = "aggregateid"
+		o.Source.IDColumn, o.Source.IDName = "aggregateid", "aggregateid"
 	}
 	o.OnMissing = func(m Missing) {
 		if m.AggregateType == aggType {
@@ -219,8 +236,10 @@ func TestAuditKeyRepeated(t *testing.T) {
 func TestAuditSpillFails(t *testing.T) {
 	f := newFixture(t)
 	o := baseOptions()
+	// More ids than the channel to the sort buffers (1024), so that the
+	// read blocks on a sort that stopped reading.
 	var evs []event
-	for _, id := range ids(300) {
+	for _, id := range ids(3000) {
 		evs = append(evs, event{id: id, agg: "x", routed: 1})
 	}
 	f.write(t, "spill", evs, o)
@@ -251,5 +270,92 @@ func TestAuditUnreadableFormat(t *testing.T) {
 	o.HeaderFormat = route.FormatAvro
 	if _, _, _, err := f.audit(t, "avro", o); err == nil || !strings.Contains(err.Error(), "header format") {
 		t.Fatalf("err %v, want the header format refused", err)
+	}
+}
+
+// TestAuditKeyAround: with -match key, the records of an aggregate's rows
+// outside the window share its key. Before, a later event's record covered
+// a lost one of the window (k1 delivered), and an aggregate with events
+// before or after the window showed false duplicates (k2, k3); dead
+// letters, keyed by event id, were missing (k4, k5).
+func TestAuditKeyAround(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	o.Match = MatchKey
+	o.DeadLetterTable = "public.outbox_dead_letter"
+	id := ids(10)
+	const after, before = 30 * time.Second, 11 * time.Minute // the window is [now−10m, now−1m)
+	f.write(t, "around", []event{
+		{id: id[0], agg: "k1"}, {id: id[1], agg: "k1", age: after, routed: 1}, // lost; a later event delivered
+		{id: id[2], agg: "k2", routed: 1}, {id: id[3], agg: "k2", age: after, routed: 1}, // both delivered
+		{id: id[4], agg: "k3", age: before, routed: 1}, {id: id[5], agg: "k3", routed: 1}, // both delivered
+		{id: id[6], agg: "k4", dlq: 1},      // dead-lettered to the topic
+		{id: id[7], agg: "k5", table: true}, // in the dead-letter table
+		{id: id[8], agg: "k6", routed: 2},   // a copy
+		{id: id[9], agg: "k7", age: after},  // on its way: not judged
+	}, o)
+	res, missing, dups, err := f.audit(t, "around", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(missing, []string{"k1"}) {
+		t.Errorf("missing %v, want [k1]", missing)
+	}
+	if !slices.Equal(dups, []string{"k6×2"}) {
+		t.Errorf("duplicates %v, want [k6×2]", dups)
+	}
+	if res.Audited != 6 || res.DeadLettered != 2 {
+		t.Errorf("audited %d, dead-lettered %d; want 6 (the window's rows), 2", res.Audited, res.DeadLettered)
+	}
+}
+
+// TestAuditMixedConverters: ids are read by their shape, so records written
+// under an earlier OUTBOX_ROUTE_HEADER_FORMAT (a rolling change) and
+// numeric JSON ids count; before, every record of the other converter was
+// missing.
+func TestAuditMixedConverters(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	o.HeaderFormat = route.FormatJSON
+	id := ids(4)
+	f.write(t, "mixed", []event{
+		{id: id[0], agg: "a", routed: 1, format: route.FormatString},
+		{id: id[1], agg: "a", routed: 1, format: route.FormatJSON},
+		{id: id[2], agg: "a", routed: 1, format: route.FormatJSONSchema},
+		{id: id[3], agg: "a"}, // lost
+	}, o)
+	_, missing, _, err := f.audit(t, "mixed", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(missing, []string{id[3]}) {
+		t.Errorf("missing %v, want [%s]", missing, id[3])
+	}
+}
+
+// TestAuditUnreadableRecords: topics whose records carry no id the audit can
+// read (no id header: another producer, or a router that sets none) fail
+// the audit instead of reporting every event missing.
+func TestAuditUnreadableRecords(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	f.write(t, "noheader", []event{{id: ids(1)[0], agg: "a"}, {id: ids(1)[0], agg: "b"}}, o)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	topic, _ := o.Topic("noheader")
+	for _, k := range []string{"a", "b"} {
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Key: []byte(k), Value: []byte("{}")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, missing, _, err := f.audit(t, "noheader", o)
+	if err == nil || !strings.Contains(err.Error(), "carry no id header") {
+		t.Errorf("err %v; want the unreadable records named", err)
+	}
+	if len(missing) > 0 {
+		t.Errorf("reported %v missing", missing)
 	}
 }

@@ -1,40 +1,55 @@
 package audit
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 
 	"github.com/pgoutbox/pgoutbox/route"
 )
 
-// DecodeID reads the text an id header or a key holds under the router's
-// converter f: the string converter writes it as is, JsonConverter as a
-// JSON string, and with schemas enabled inside {"schema":…,"payload":…}.
-// The audit and the canary compare ids as text, so a record written with a
-// JSON converter must be unwrapped first, or every event would look
-// missing. ok is false when v is not what f writes (a null, or another
-// converter's output).
-func DecodeID(v []byte, f route.Format) (id string, ok bool) {
+// DecodeID reads the text an id header or a key holds, whichever of the
+// router's converters wrote it: the string converter writes it as is,
+// JsonConverter as a JSON string (or a JSON number for a numeric id), and
+// with schemas enabled inside {"schema":…,"payload":…}. The audit and the
+// canary compare ids as text, so a record written with a JSON converter
+// must be unwrapped first, or every event would look missing.
+//
+// The value is decoded by its shape, not by the converter configured now:
+// during a rolling change of OUTBOX_ROUTE_HEADER_FORMAT the topics hold
+// records of both converters, and an audit reading them with one of the two
+// would call every event of the other missing. A value that is neither a
+// JSON string nor an envelope is the string converter's (a JSON number's
+// text is the id's text too). ok is false for a null.
+func DecodeID(v []byte) (id string, ok bool) {
 	if v == nil {
 		return "", false
 	}
-	switch f {
-	case route.FormatJSON:
-		if err := json.Unmarshal(v, &id); err != nil {
-			return "", false
+	switch {
+	case len(v) > 1 && v[0] == '"':
+		if err := json.Unmarshal(v, &id); err == nil {
+			return id, true
 		}
-		return id, true
-	case route.FormatJSONSchema:
+	case len(v) > 1 && v[0] == '{':
 		var env struct {
-			Payload *string `json:"payload"`
+			Payload json.RawMessage `json:"payload"`
 		}
-		if err := json.Unmarshal(v, &env); err != nil || env.Payload == nil {
-			return "", false
+		d := json.NewDecoder(bytes.NewReader(v))
+		if err := d.Decode(&env); err == nil && env.Payload != nil {
+			p := bytes.TrimSpace(env.Payload)
+			switch {
+			case bytes.Equal(p, []byte("null")):
+				return "", false
+			case len(p) > 0 && p[0] == '"':
+				if err := json.Unmarshal(p, &id); err == nil {
+					return id, true
+				}
+			case len(p) > 0 && (p[0] == '-' || p[0] >= '0' && p[0] <= '9'):
+				return string(p), true
+			}
 		}
-		return *env.Payload, true
-	default:
-		return string(v), true
 	}
+	return string(v), true
 }
 
 // CheckFormat refuses a converter whose ids the audit cannot read.

@@ -26,7 +26,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/outbox"
-	"github.com/pgoutbox/pgoutbox/route"
 	"github.com/pgoutbox/pgoutbox/slotwatch/audit"
 )
 
@@ -51,10 +50,6 @@ type CanaryOptions struct {
 	Writer *outbox.Writer
 	// Topic is where the canary's aggregate type routes.
 	Topic string
-	// HeaderFormat is the router's header converter
-	// (OUTBOX_ROUTE_HEADER_FORMAT): canaries are recognized by the event
-	// id in their id header, read with audit.DecodeID.
-	HeaderFormat route.Format
 	// Kafka are the client options of the connection (OUTBOX_KAFKA_*).
 	Kafka []kgo.Opt
 	// Interval and Timeout are SLOTWATCH_CANARY_INTERVAL and _TIMEOUT.
@@ -264,14 +259,14 @@ func (c *Canary) read(ctx context.Context, cl *kgo.Client) {
 
 // receive takes one record of the canary topic, read at now. A record is
 // a canary of this process when the event id in its id header (decoded
-// with the router's header converter) is one still pending in sent: the
-// key is not looked at, as OUTBOX_ROUTE_FIELD_EVENT_KEY and the key
-// converter decide what it holds.
+// whichever of the router's converters wrote it) is one still pending in
+// sent: the key is not looked at, as OUTBOX_ROUTE_FIELD_EVENT_KEY and the
+// key converter decide what it holds.
 func (c *Canary) receive(r *kgo.Record, now time.Time) {
 	id, ok := "", false
 	for _, h := range r.Headers {
 		if h.Key == "id" {
-			id, ok = audit.DecodeID(h.Value, c.o.HeaderFormat)
+			id, ok = audit.DecodeID(h.Value)
 		}
 	}
 	if !ok {

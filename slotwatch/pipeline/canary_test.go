@@ -17,7 +17,7 @@ import (
 func testCanary(t testing.TB, f route.Format, started time.Time) *Canary {
 	t.Helper()
 	c := NewCanary(CanaryOptions{
-		Topic: "outbox.event.__canary", HeaderFormat: f, Interval: time.Second, Timeout: time.Minute,
+		Topic: "outbox.event.__canary", Interval: time.Second, Timeout: time.Minute,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil, func() float64 { return 0 }, func() float64 { return 0 }),
 	})
 	c.started = started

@@ -154,9 +154,9 @@ func (w *Watch) auditLoop(ctx context.Context) error {
 // round audits the window that ends now − grace with run (audit.Run).
 func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Options) (audit.Result, error)) {
 	o := w.o.Audit
-	now := time.Now()
-	o.Since = now.Add(-w.o.AuditWindow)
-	o.Until = now
+	// Both ends on the database's clock (audit.Run): Since is Window
+	// before its now, Until its now − grace.
+	o.Window = w.o.AuditWindow
 	// The missing events stream in as the audit walks the ids; they are
 	// a verdict only if the round finishes, so they are kept (the first
 	// maxLoggedMissing, the rest counted) and logged after it did.
