@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
 	"github.com/pgoutbox/pgoutbox/route"
@@ -26,6 +27,9 @@ import (
 type fixture struct {
 	db      *pgx.Conn
 	brokers string
+	kafka   *kfake.Cluster
+	// params are the audit's session settings (RuntimeParams).
+	params map[string]string
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -36,7 +40,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return &fixture{db: pg.Conn(t, "outbox"), brokers: c.ListenAddrs()[0]}
+	return &fixture{db: pg.Conn(t, "outbox"), brokers: c.ListenAddrs()[0], kafka: c}
 }
 
 // event is one outbox row the case writes, and how Kafka holds it.
@@ -114,7 +118,14 @@ func (f *fixture) audit(t *testing.T, aggType string, o Options) (Result, []stri
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool, err := pgx.Connect(ctx, f.db.Config().ConnString())
+	cfg, err := pgx.ParseConfig(f.db.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range f.params {
+		cfg.RuntimeParams[k] = v
+	}
+	pool, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,5 +368,29 @@ func TestAuditUnreadableRecords(t *testing.T) {
 	}
 	if len(missing) > 0 {
 		t.Errorf("reported %v missing", missing)
+	}
+}
+
+// TestAuditIdleSnapshot: the snapshot's transaction is idle while Kafka is
+// read; a server's idle_in_transaction_session_timeout shorter than that
+// read ended the session and failed the audit ("terminating connection due
+// to idle-in-transaction timeout"), every round, on a large window.
+func TestAuditIdleSnapshot(t *testing.T) {
+	f := newFixture(t)
+	f.params = map[string]string{"idle_in_transaction_session_timeout": "150ms"}
+	// Every fetch answers 400 ms late: a slow read of a large window.
+	f.kafka.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		f.kafka.SleepControl(func() { time.Sleep(400 * time.Millisecond) })
+		return nil, nil, false
+	})
+	o := baseOptions()
+	id := ids(3)
+	f.write(t, "idle", []event{{id: id[0], agg: "a", routed: 1}, {id: id[1], agg: "b", routed: 1}, {id: id[2], agg: "c"}}, o)
+	res, missing, _, err := f.audit(t, "idle", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(missing, []string{id[2]}) || res.Audited != 3 {
+		t.Errorf("missing %v of %d audited; want [%s] of 3", missing, res.Audited, id[2])
 	}
 }
