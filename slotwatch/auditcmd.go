@@ -119,6 +119,10 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	opts.Source = src
 	if src.EventIDColumn != "" {
 		opts.DeadLetterTable = deadLetterTable
+	} else {
+		// A service's own table: the connector dead-letters none of its
+		// events.
+		opts.DLQTopic = ""
 	}
 	if opts.Topic, err = route.TopicOf(o.Route); err != nil {
 		return usage(fmt.Errorf("audit: routing (OUTBOX_ROUTE_*): %w", err))
