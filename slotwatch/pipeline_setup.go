@@ -74,7 +74,7 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 			}
 		}
 		canary = pipeline.NewCanary(pipeline.CanaryOptions{
-			DB: db, Writer: w, Topic: topic, Kafka: kopts,
+			DB: db, Writer: w, Topic: topic, Kafka: kopts, Offset: min(cfg.Interval, o.CanaryInterval) / 2,
 			Interval: o.CanaryInterval, Timeout: o.CanaryTimeout, Log: log, Metrics: m,
 		})
 	}
