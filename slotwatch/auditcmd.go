@@ -106,10 +106,13 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	if opts.Match != audit.MatchHeader && opts.Match != audit.MatchKey {
 		return usage(fmt.Errorf("audit: -match %q: use header or key", match))
 	}
-	if err := audit.CheckFormat("OUTBOX_ROUTE_HEADER_FORMAT: header", o.Route.HeaderFormat); err != nil {
-		return usage(fmt.Errorf("audit: %w", err))
+	// The converter of what is matched, as audit.Run checks it, but
+	// refused here as a configuration error (exit 2), not a failed audit.
+	what, format := "OUTBOX_ROUTE_HEADER_FORMAT: header", o.Route.HeaderFormat
+	if opts.Match == audit.MatchKey {
+		what, format = "OUTBOX_ROUTE_KEY_FORMAT: key", o.Route.KeyFormat
 	}
-	if err := audit.CheckFormat("OUTBOX_ROUTE_KEY_FORMAT: key", o.Route.KeyFormat); err != nil && opts.Match == audit.MatchKey {
+	if err := audit.CheckFormat(what, format); err != nil {
 		return usage(fmt.Errorf("audit: %w", err))
 	}
 	src, err := source(o, table, idCol, timeCol, aggType)
@@ -130,7 +133,13 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 	opts.OnMissing = func(m audit.Missing) { fmt.Fprintln(stdout, m.String()) }
 	opts.OnDuplicate = func(id string, n int) { fmt.Fprintf(stdout, "duplicate %s copies=%d\n", id, n) }
 
-	db, err := pgxpool.New(ctx, o.DSN)
+	// Parsed first: a malformed DSN is a configuration error (exit 2);
+	// pgxpool.New fails on nothing else, as it connects lazily.
+	pcfg, err := pgxpool.ParseConfig(o.DSN)
+	if err != nil {
+		return usage(fmt.Errorf("audit: SLOTWATCH_OUTBOX_DSN: %w", err))
+	}
+	db, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return &cli.CodeError{Code: exitAuditFailed, Err: fmt.Errorf("audit: SLOTWATCH_OUTBOX_DSN: %w", err)}
 	}

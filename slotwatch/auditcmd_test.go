@@ -27,6 +27,8 @@ func TestAuditExitCodes(t *testing.T) {
 		{"unknown setting", map[string]string{"SLOTWATCH_OUTBOX_DNS": dsn}, []string{"-since", "2026-12-04T10:00:00Z"}, 2, "SLOTWATCH_OUTBOX_DNS"},
 		{"bad routing", map[string]string{"SLOTWATCH_OUTBOX_DSN": dsn, "OUTBOX_KAFKA_BROKERS": "127.0.0.1:1", "OUTBOX_ROUTE_KEY_FORMAT": "xml"},
 			[]string{"-since", "2026-12-04T10:00:00Z"}, 2, "OUTBOX_ROUTE_KEY_FORMAT"},
+		{"malformed DSN", map[string]string{"SLOTWATCH_OUTBOX_DSN": dsn + "&sslmode=bogus", "OUTBOX_KAFKA_BROKERS": "127.0.0.1:1"},
+			[]string{"-since", "2026-12-04T10:00:00Z"}, 2, "sslmode"},
 		{"database down", base, []string{"-since", "2026-12-04T10:00:00Z"}, 3, "did not finish"},
 		{"help", base, []string{"-help"}, 0, ""},
 	} {
