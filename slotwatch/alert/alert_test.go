@@ -285,7 +285,9 @@ func TestWebhookRetriesUntilDelivered(t *testing.T) {
 	fine.Settings.MaxSlotWALKeepSize = i64(1)
 	e.Observe(lagging)
 	e.Observe(fine)
-	waitUntil(t, 5*time.Second, func() bool { return len(rcv.got()) == 2 })
+	// The receiver keeps a body before its answer reaches the engine, which
+	// counts the send after: wait for both.
+	waitUntil(t, 5*time.Second, func() bool { return len(rcv.got()) == 2 && counterValue(e, "webhook", "sent") == 2 })
 	var msgs []WebhookMessage
 	for _, b := range rcv.got() {
 		var m WebhookMessage
