@@ -120,6 +120,16 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 		return usage(err)
 	}
 	opts.Source = src
+	if opts.Match == audit.MatchKey {
+		// A key does not tell an aggregate's events apart, the id header
+		// does: key mode is for a table the relay does not publish.
+		if src.EventIDColumn != "" {
+			return usage(errors.New("audit: -match key is for a service's own table (-table): the outbox's records carry the event id in their id header, which tells an aggregate's events apart; audit the outbox with -match header"))
+		}
+		if aggType == "" {
+			return usage(errors.New("audit: -match key needs -aggregate-type: the aggregate type of every row of -table, whose topic is read"))
+		}
+	}
 	if src.EventIDColumn != "" {
 		opts.DeadLetterTable = deadLetterTable
 	} else {
@@ -181,7 +191,7 @@ func source(o config.Outbox, table, idCol, timeCol, aggType string) (audit.Sourc
 		idCol = o.Route.FieldEventID
 	}
 	ident := func(c string) string { return pgx.Identifier{c}.Sanitize() }
-	s := audit.Source{Table: qt, IDColumn: ident(idCol), IDName: idCol, TimeColumn: ident(timeCol)}
+	s := audit.Source{Table: qt, IDColumn: ident(idCol), TimeColumn: ident(timeCol)}
 	if oq, err := o.QuotedTable(); err == nil && oq == qt {
 		// The outbox: its events are dead-lettered by event id, whatever
 		// is matched.

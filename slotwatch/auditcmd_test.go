@@ -23,6 +23,8 @@ func TestAuditExitCodes(t *testing.T) {
 		{"a bad time", base, []string{"-since", "yesterday"}, 2, "not an RFC 3339 time"},
 		{"unknown flag", base, []string{"-since", "2026-12-04T10:00:00Z", "-bogus"}, 2, "bogus"},
 		{"bad match", base, []string{"-since", "2026-12-04T10:00:00Z", "-match", "value"}, 2, "use header or key"},
+		{"key on the outbox", base, []string{"-since", "2026-12-04T10:00:00Z", "-match", "key", "-id-column", "aggregateid"}, 2, "-match header"},
+		{"key without a type", base, []string{"-since", "2026-12-04T10:00:00Z", "-match", "key", "-table", "orders"}, 2, "-aggregate-type"},
 		{"no DSN", map[string]string{"OUTBOX_KAFKA_BROKERS": "127.0.0.1:1"}, []string{"-since", "2026-12-04T10:00:00Z"}, 2, "SLOTWATCH_OUTBOX_DSN"},
 		{"unknown setting", map[string]string{"SLOTWATCH_OUTBOX_DNS": dsn}, []string{"-since", "2026-12-04T10:00:00Z"}, 2, "SLOTWATCH_OUTBOX_DNS"},
 		{"bad routing", map[string]string{"SLOTWATCH_OUTBOX_DSN": dsn, "OUTBOX_KAFKA_BROKERS": "127.0.0.1:1", "OUTBOX_ROUTE_KEY_FORMAT": "xml"},

@@ -20,7 +20,6 @@ package audit
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -56,17 +55,15 @@ type Source struct {
 	// IDColumn is what is matched against Kafka (the event id, or for
 	// MatchKey the key column).
 	IDColumn string
-	// EventIDColumn is the event id, which dead letters are keyed by (the
-	// DLQ topic's records and the dead-letter table's rows); empty: the
-	// table's events are never dead-lettered by the relay (a service's own
-	// table). With MatchHeader it is IDColumn.
+	// EventIDColumn is the event id, which the dead-letter table's rows
+	// are keyed by (as the DLQ topic's records are); empty: the table's
+	// events are never dead-lettered by the relay (a service's own table).
+	// With MatchHeader it is IDColumn; MatchKey takes none.
 	EventIDColumn string
-	// IDName is IDColumn unquoted: with MatchKey, a dead letter's key is
-	// read from its value (the row as JSON) by this name.
-	IDName string
 	// TimeColumn bounds the window (a timestamptz such as created_at).
 	TimeColumn string
 	// RouteColumn is route.by.field; empty: every row has AggregateType.
+	// MatchKey takes none: its rows are one aggregate type's.
 	RouteColumn string
 	// AggregateType is the route value of every row when RouteColumn is
 	// empty (a service's own table).
@@ -81,7 +78,11 @@ type Options struct {
 	Source Source
 	// Topic maps a route value to its topic (route.TopicOf).
 	Topic func(string) (string, error)
-	// Match is where records carry the id (default MatchHeader).
+	// Match is where records carry the id (default MatchHeader). MatchKey
+	// is for a service's own table of one aggregate type (Source has no
+	// RouteColumn), with no dead letters (no DLQTopic, DeadLetterTable
+	// or EventIDColumn): the outbox's records carry the event id in their
+	// id header, which tells an aggregate's events apart; a key does not.
 	Match Match
 	// HeaderFormat and KeyFormat are the router's header and key
 	// converters (OUTBOX_ROUTE_HEADER_FORMAT, _KEY_FORMAT; default string):
@@ -100,8 +101,14 @@ type Options struct {
 	// Window, when Since is zero, starts the window that long before now,
 	// on the database's clock, as Until is: a round of the continuous audit
 	// reads both ends from one clock, so that consecutive windows overlap
-	// however far the watcher's clock is from the database's.
+	// however far the watcher's clock is from the database's. A zero Since
+	// needs a Window.
 	Window time.Duration
+	// Resume, with Window, is where the last audit that succeeded ended
+	// (its Until): when it is earlier than now − Window, the window starts
+	// there instead, so that rounds failing for longer than the window
+	// leave no stretch of the table unaudited.
+	Resume time.Time
 	// Grace: rows younger than Now − Grace are not judged (they may still
 	// be on their way). It is counted from the time column (created_at,
 	// the inserting transaction's start), not from the commit: a grace
@@ -232,6 +239,32 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	if err := CheckFormat(what, f); err != nil {
 		return Result{Since: o.Since, Until: o.Until}, err
 	}
+	if o.Since.IsZero() && o.Window <= 0 {
+		return Result{}, errors.New("audit: no window: set Since, or Window")
+	}
+	// With MatchKey the end offsets are listed before the snapshot is
+	// taken: a record read must be of a row the snapshot holds, or, its
+	// key telling it from no other row of its aggregate, it would cover
+	// one of theirs that was lost. (Header ids are unique: there the
+	// offsets are listed after, so that every row judged had its chance
+	// to be read.) Its topic is known up front: one aggregate type.
+	var keyTopics map[string]string
+	var ends kadm.ListedOffsets
+	if o.Match == MatchKey {
+		if o.Source.RouteColumn != "" || o.Source.AggregateType == "" {
+			return Result{Since: o.Since, Until: o.Until}, errors.New("audit: -match key audits one aggregate type (a service's own table, -aggregate-type): the outbox's records carry the event id in their id header; audit the outbox with -match header")
+		}
+		if o.DLQTopic != "" || o.DeadLetterTable != "" || o.Source.EventIDColumn != "" {
+			return Result{Since: o.Since, Until: o.Until}, errors.New("audit: -match key takes no dead letters: it is for a service's own table, whose events the relay never dead-letters")
+		}
+		var err error
+		if keyTopics, err = routedTopics(ctx, nil, o, time.Time{}, time.Time{}); err != nil {
+			return Result{Since: o.Since, Until: o.Until}, err
+		}
+		if ends, err = listEnds(ctx, cl, uniqueTopics(keyTopics)); err != nil {
+			return Result{Since: o.Since, Until: o.Until}, err
+		}
+	}
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return Result{Since: o.Since, Until: o.Until}, fmt.Errorf("begin the audit's snapshot: %w", err)
@@ -262,6 +295,9 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	}
 	if o.Since.IsZero() {
 		o.Since = now.Add(-o.Window)
+		if !o.Resume.IsZero() && o.Resume.Before(o.Since) {
+			o.Since = o.Resume
+		}
 	}
 	until := o.Until
 	if due := now.Add(-o.Grace); until.IsZero() || until.After(due) {
@@ -273,15 +309,11 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 		return res, nil
 	}
 
-	// With MatchKey, the topics of the rows around the window are read
-	// too: their records share keys with the window's (compare).
-	lo, hi := o.Since, until
-	if o.Match == MatchKey {
-		lo, hi = o.Since.Add(-o.Skew), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
-	}
-	topics, err := routedTopics(ctx, tx, o, lo, hi)
-	if err != nil {
-		return res, err
+	topics := keyTopics
+	if topics == nil {
+		if topics, err = routedTopics(ctx, tx, o, o.Since, until); err != nil {
+			return res, err
+		}
 	}
 	if o.DeadLetterTable != "" {
 		var exists bool
@@ -292,13 +324,7 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 			o.DeadLetterTable = ""
 		}
 	}
-	read := make([]string, 0, len(topics)+1)
-	for _, t := range topics {
-		if !slices.Contains(read, t) {
-			read = append(read, t)
-		}
-	}
-	sort.Strings(read)
+	read := uniqueTopics(topics)
 	if o.DLQTopic != "" {
 		read = append(read, o.DLQTopic)
 	}
@@ -322,7 +348,7 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 		defer close(sortReturned)
 		sorter.Sort(sctx)
 	}()
-	n, readErr := readKafka(sctx, cl, read, o, ids, sortReturned)
+	n, readErr := readKafka(sctx, cl, read, o, ends, ids, sortReturned)
 	close(ids)
 	res.Records = n
 	if readErr != nil {
@@ -348,6 +374,31 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	}
 	res.Elapsed = time.Since(start)
 	return res, err
+}
+
+// uniqueTopics is the topics of a route map, once each, sorted.
+func uniqueTopics(byValue map[string]string) []string {
+	var ts []string
+	for _, t := range byValue {
+		if !slices.Contains(ts, t) {
+			ts = append(ts, t)
+		}
+	}
+	sort.Strings(ts)
+	return ts
+}
+
+// listEnds lists the last stable offsets of topics: a read_committed
+// consumer reads up to them.
+func listEnds(ctx context.Context, cl *kgo.Client, topics []string) (kadm.ListedOffsets, error) {
+	if len(topics) == 0 {
+		return kadm.ListedOffsets{}, nil
+	}
+	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("list the end offsets: %w", err)
+	}
+	return ends, nil
 }
 
 // errSortStopped: the external sort returned before it had every id.
@@ -411,9 +462,10 @@ func routedTopics(ctx context.Context, db pgx.Tx, o Options, since, until time.T
 	return byValue, nil
 }
 
-// readKafka sends every id on topics from Since − Skew up to the end
-// offsets listed now to ids, tagged, and returns how many records it read.
-func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ids chan<- string, sortReturned <-chan struct{}) (n int64, err error) {
+// readKafka sends every id on topics from Since − Skew up to their end
+// offsets (ends, or when nil those listed now) to ids, tagged, and returns
+// how many it sent.
+func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ends kadm.ListedOffsets, ids chan<- string, sortReturned <-chan struct{}) (n int64, err error) {
 	if len(topics) == 0 {
 		return 0, nil
 	}
@@ -423,10 +475,10 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 	if err != nil {
 		return 0, fmt.Errorf("list the offsets at %s: %w", time.UnixMilli(from).UTC().Format(time.RFC3339), err)
 	}
-	// The last stable offset: a read_committed consumer reads up to it.
-	ends, err := adm.ListCommittedOffsets(ctx, topics...)
-	if err != nil {
-		return 0, fmt.Errorf("list the end offsets: %w", err)
+	if ends == nil {
+		if ends, err = listEnds(ctx, cl, topics); err != nil {
+			return 0, err
+		}
 	}
 	assign := map[string]map[int32]kgo.Offset{}
 	remaining := map[string]map[int32]int64{} // partition → the end offset still to reach
@@ -480,14 +532,16 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 		cl.RemoveConsumePartitions(rm)
 	}()
 
-	var unreadable int64
+	// Routed records without an id the audit can read, against those
+	// with one (the DLQ's are not counted: its records are the relay's).
+	var unreadable, readable int64
 	defer func() {
-		if err == nil && unreadable > 0 && unreadable >= n {
+		if err == nil && unreadable > 0 && unreadable >= readable {
 			where := "id header"
 			if o.Match == MatchKey {
 				where = "key"
 			}
-			err = fmt.Errorf("%d of the %d records read carry no %s the audit can read (a null, or another producer's records): every event would look missing; check that these topics are the router's (OUTBOX_ROUTE_*) and -match", unreadable, n+unreadable, where)
+			err = fmt.Errorf("%d of the %d records read from the routed topics carry no %s the audit can read (a null, or another producer's records): every event would look missing; check that these topics are the router's (OUTBOX_ROUTE_*) and -match", unreadable, readable+unreadable, where)
 		}
 	}()
 	for left > 0 {
@@ -517,14 +571,17 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 			}
 			reached[r.Topic][r.Partition] = r.Offset
 			if r.Offset < end && !r.Attrs.IsControl() {
-				id, ok := recordID(r, o, r.Topic == o.DLQTopic)
+				dlq := r.Topic == o.DLQTopic
+				id, ok := recordID(r, o, dlq)
 				switch {
-				case (!ok || id == "") && r.Topic != o.DLQTopic:
+				case (!ok || id == "") && !dlq:
 					unreadable++
 				case ok && id != "":
 					tag := tagRouted
-					if r.Topic == o.DLQTopic {
+					if dlq {
 						tag = tagDLQ
+					} else {
+						readable++
 					}
 					select {
 					case ids <- id + tag:
@@ -557,17 +614,9 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 
 // recordID is the id a record carries: a routed record's is in its id
 // header or its key, written by one of the router's converters. A dead
-// letter's key is the event id, as is; with MatchKey, what the rows are
-// matched on is read from its value (the row, a JSON object of the
-// columns' text).
+// letter's key is the event id, as is (MatchHeader only).
 func recordID(r *kgo.Record, o Options, dlq bool) (string, bool) {
 	switch {
-	case dlq && o.Match == MatchKey:
-		var row map[string]*string
-		if err := json.Unmarshal(r.Value, &row); err != nil || row[o.Source.IDName] == nil {
-			return "", false
-		}
-		return *row[o.Source.IDName], true
 	case dlq:
 		return string(r.Key), r.Key != nil
 	case o.Match == MatchKey:
@@ -594,7 +643,7 @@ func compare(ctx context.Context, tx pgx.Tx, o Options, until time.Time, topics 
 	if s.KeyColumn != "" {
 		keyExpr = "o." + s.KeyColumn + "::text"
 	}
-	if o.DeadLetterTable != "" && s.EventIDColumn != "" {
+	if o.DeadLetterTable != "" && s.EventIDColumn != "" && o.Match != MatchKey {
 		deadExpr = "d.id IS NOT NULL"
 		join = fmt.Sprintf(" LEFT JOIN %s d ON d.id = o.%s::text", o.DeadLetterTable, s.EventIDColumn)
 	}
@@ -606,16 +655,21 @@ func compare(ctx context.Context, tx pgx.Tx, o Options, until time.Time, topics 
 		// An aggregate's records cannot be told apart by their key, and
 		// its rows outside the window have records too: those created
 		// from Since − Skew (whose records the Kafka side reads) and after
-		// Until (read up to the end). They are counted as delivered first
-		// (unjudged), so that a later event's record never covers a lost
-		// one of the window, nor shows as its duplicate. The price: an
-		// event committed after the window and still on its way when the
-		// snapshot was taken makes one of the window's look missing, until
-		// the next audit.
+		// Until (read up to the end offsets, listed before the snapshot).
+		// They are counted as delivered first (unjudged), so that a later
+		// event's record never covers a lost one of the window, nor shows
+		// as its duplicate. The price: an event committed after the window
+		// and still on its way when the offsets were listed makes one of
+		// the window's look missing, until the next audit. What counting
+		// cannot see: a row created before Since − Skew whose record was
+		// published after it (later than the skew), or a record published
+		// before its row committed, or a copy of a sibling's record, each
+		// covers a lost row of its key. With a unique key (a table's
+		// primary key) none arises.
 		in := fmt.Sprintf("o.%s >= $1 AND o.%s < $2", s.TimeColumn, s.TimeColumn)
 		q = fmt.Sprintf(`SELECT id, rv, k, t, dead, unjudged FROM (
 SELECT o.%s::text AS id, %s AS rv, %s AS k, o.%s AS t, %s AS dead, %s AS judged,
-	count(*) FILTER (WHERE NOT (%s)) OVER (PARTITION BY o.%s::text) AS unjudged
+	count(*) FILTER (WHERE NOT (%s)) OVER (PARTITION BY o.%s::text COLLATE "C") AS unjudged
 FROM %s o%s WHERE o.%s >= $3) s
 WHERE judged ORDER BY id COLLATE "C", t`,
 			s.IDColumn, routeExpr, keyExpr, s.TimeColumn, deadExpr, in, in, s.IDColumn, s.Table, join, s.TimeColumn)
@@ -656,7 +710,7 @@ WHERE judged ORDER BY id COLLATE "C", t`,
 		group        string // the id of the rows being judged
 		inGroup      bool
 		routed, dead int // records of group not yet matched to a row
-		routedAll    int
+		copies       int // records of group left for the window's rows
 		unjudged     int64
 	)
 	endGroup := func() {
@@ -664,7 +718,7 @@ WHERE judged ORDER BY id COLLATE "C", t`,
 		if inGroup && routed > 0 {
 			res.Duplicated++
 			if o.OnDuplicate != nil {
-				o.OnDuplicate(group, routedAll)
+				o.OnDuplicate(group, copies)
 			}
 		}
 	}
@@ -697,12 +751,11 @@ WHERE judged ORDER BY id COLLATE "C", t`,
 					return err
 				}
 			}
-			routedAll = routed
 			// The group's rows outside the window take their records
-			// first (MatchKey; none otherwise): routed, then dead letters.
-			take := min(int64(routed), unjudged)
-			routed -= int(take)
-			dead = max(0, dead-int(unjudged-take))
+			// first (MatchKey, which has no dead letters; none
+			// otherwise).
+			routed -= int(min(int64(routed), unjudged))
+			copies = routed
 		}
 		switch {
 		case routed > 0:

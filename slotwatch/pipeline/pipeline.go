@@ -157,6 +157,13 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	// Both ends on the database's clock (audit.Run): Since is Window
 	// before its now, Until its now − grace.
 	o.Window = w.o.AuditWindow
+	// After rounds that failed for longer than the window, the next one
+	// starts where the last success ended: no stretch goes unaudited.
+	w.mu.Lock()
+	if w.audited {
+		o.Resume = w.last.Until
+	}
+	w.mu.Unlock()
 	// The missing events stream in as the audit walks the ids; they are
 	// a verdict only if the round finishes, so they are kept (the first
 	// maxLoggedMissing, the rest counted) and logged after it did.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -123,5 +124,40 @@ func TestAuditHealth(t *testing.T) {
 	off := New(Options{Metrics: w.o.Metrics})
 	if got := off.AuditAge(time.Now()); got != 0 {
 		t.Errorf("age with the audit off = %s; want 0", got)
+	}
+}
+
+// TestAuditRoundResumes: a round after failed ones starts where the last
+// success ended (audit.Options.Resume), so rounds that failed for longer
+// than the window leave no stretch unaudited; before any success there is
+// nothing to resume.
+func TestAuditRoundResumes(t *testing.T) {
+	w, _ := testWatch(t)
+	ctx := context.Background()
+	var seen []time.Time
+	until := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	run := func(err error) func(context.Context, audit.Options) (audit.Result, error) {
+		return func(_ context.Context, o audit.Options) (audit.Result, error) {
+			seen = append(seen, o.Resume)
+			if o.Window != 15*time.Minute || !o.Since.IsZero() {
+				t.Errorf("round options: window %s, since %s; want the window from the database's clock", o.Window, o.Since)
+			}
+			if err != nil {
+				return audit.Result{}, err
+			}
+			until = until.Add(time.Minute)
+			return audit.Result{Since: until.Add(-15 * time.Minute), Until: until}, nil
+		}
+	}
+	w.round(ctx, run(errors.New("down")))
+	w.round(ctx, run(nil))
+	w.round(ctx, run(errors.New("down")))
+	w.round(ctx, run(errors.New("down")))
+	w.round(ctx, run(nil))
+	w.round(ctx, run(nil))
+	t0 := time.Date(2026, 12, 5, 9, 1, 0, 0, time.UTC)
+	want := []time.Time{{}, {}, t0, t0, t0, t0.Add(time.Minute)}
+	if !slices.EqualFunc(seen, want, time.Time.Equal) {
+		t.Errorf("Resume per round %v; want %v", seen, want)
 	}
 }
