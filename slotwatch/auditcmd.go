@@ -167,6 +167,9 @@ func auditCmd(ctx context.Context, args []string, getenv func(string) string, st
 		debug.SetMemoryLimit(auditMemoryLimit)
 	}
 	res, err := audit.Run(ctx, db, cl, opts)
+	if ue := (*audit.UnreadableError)(nil); errors.As(err, &ue) {
+		return &cli.CodeError{Code: exitAuditFailed, Err: fmt.Errorf("audit: %w (the missing lines above are no verdict: fix the topics or the converters and run it again)", err)}
+	}
 	if err != nil {
 		return &cli.CodeError{Code: exitAuditFailed, Err: fmt.Errorf("audit: %w (the audit did not finish: the lines above, if any, are true but not the whole report; fix the cause and run it again)", err)}
 	}

@@ -88,7 +88,7 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 		every = o.CanaryInterval
 	}
 	log.Info("end-to-end watch on", "canary_interval", o.CanaryInterval.String(), "canary_timeout", o.CanaryTimeout.String(),
-		"audit_interval", o.AuditInterval.String(), "audit_window", o.AuditWindow.String(), "audit_grace", o.AuditGrace.String(), "table", o.Table)
+		"audit_interval", o.AuditInterval.String(), "audit_window", o.AuditWindow.String(), "audit_grace", o.AuditGrace.String(), "audit_catch_up", o.AuditCatchUp.String(), "table", o.Table)
 	pw = pipeline.New(pipeline.Options{
 		Canary: canary,
 		// As `slotwatch audit` of the outbox: ids in the id header, read
@@ -96,7 +96,7 @@ func newPipeline(ctx context.Context, cfg config.Config, observe func(watch.Repo
 		// dead-lettered, not missing.
 		Audit: audit.Options{
 			Source: src, Topic: topicOf, DLQTopic: o.DLQTopic, DeadLetterTable: deadLetterTable, Grace: o.AuditGrace, Skew: o.AuditSkew,
-			Match: audit.MatchHeader, HeaderFormat: o.Route.HeaderFormat, KeyFormat: o.Route.KeyFormat,
+			CatchUp: o.AuditCatchUp, Match: audit.MatchHeader, HeaderFormat: o.Route.HeaderFormat, KeyFormat: o.Route.KeyFormat,
 		},
 		AuditInterval: o.AuditInterval, AuditWindow: o.AuditWindow,
 		DB: db, Kafka: kopts, Every: every, OnReport: observe, Log: log, Metrics: m,

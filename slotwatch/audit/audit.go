@@ -109,6 +109,12 @@ type Options struct {
 	// there instead, so that rounds failing for longer than the window
 	// leave no stretch of the table unaudited.
 	Resume time.Time
+	// CatchUp bounds Resume: a window starts no earlier than CatchUp
+	// before now (0: unbounded). Past Kafka's retention its records are
+	// gone and every event would look missing; and a round failing for
+	// its window's size would only grow it. The stretch left is in
+	// Result.Skipped, for a one-shot audit to cover.
+	CatchUp time.Duration
 	// Grace: rows younger than Now − Grace are not judged (they may still
 	// be on their way). It is counted from the time column (created_at,
 	// the inserting transaction's start), not from the commit: a grace
@@ -164,12 +170,25 @@ type Result struct {
 	// Audited counts the rows judged; Missing, Duplicated and DeadLettered
 	// count among them.
 	Audited, Missing, Duplicated, DeadLettered int64
-	// Records is how many Kafka records were read.
-	Records int64
+	// Records is how many Kafka records with an id were read; Unreadable
+	// how many routed records carried none the audit could read (a null,
+	// or another producer's records).
+	Records, Unreadable int64
 	// Topics are the topics read, the DLQ included.
 	Topics []string
 	// Elapsed is how long the audit took.
 	Elapsed time.Duration
+	// Skipped, when not zero, is where the window would have started
+	// (Options.Resume) had CatchUp not bounded it: the events created from
+	// Skipped to Since were audited by no round.
+	Skipped time.Time
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // Summary is the report's last line.
@@ -178,9 +197,13 @@ func (r Result) Summary() string {
 		return fmt.Sprintf("audited 0 events: the table holds no row created from %s to %s (a table emptied in delete-after-insert or message mode cannot be audited)",
 			r.Since.UTC().Format(time.RFC3339), r.Until.UTC().Format(time.RFC3339))
 	}
-	return fmt.Sprintf("audited %d events created from %s to %s: %d missing, %d duplicated, %d dead-lettered; read %d records from %s in %s",
+	unreadable := ""
+	if r.Unreadable > 0 {
+		unreadable = fmt.Sprintf(" and %d without an id the audit can read (another producer's, or a converter it does not know: check the topics)", r.Unreadable)
+	}
+	return fmt.Sprintf("audited %d events created from %s to %s: %d missing, %d duplicated, %d dead-lettered; read %d records%s from %s in %s",
 		r.Audited, r.Since.UTC().Format(time.RFC3339), r.Until.UTC().Format(time.RFC3339),
-		r.Missing, r.Duplicated, r.DeadLettered, r.Records, strings.Join(r.Topics, ","), r.Elapsed.Round(time.Millisecond))
+		r.Missing, r.Duplicated, r.DeadLettered, r.Records, unreadable, strings.Join(r.Topics, ","), r.Elapsed.Round(time.Millisecond))
 }
 
 // ClientOpts are the consumer options an audit's client needs: read
@@ -258,7 +281,7 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 			return Result{Since: o.Since, Until: o.Until}, errors.New("audit: -match key takes no dead letters: it is for a service's own table, whose events the relay never dead-letters")
 		}
 		var err error
-		if keyTopics, err = routedTopics(ctx, nil, o, time.Time{}, time.Time{}); err != nil {
+		if keyTopics, err = ownTopic(o); err != nil {
 			return Result{Since: o.Since, Until: o.Until}, err
 		}
 		if ends, err = listEnds(ctx, cl, uniqueTopics(keyTopics)); err != nil {
@@ -286,10 +309,20 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	// The snapshot is taken here, by the transaction's first query (SET
 	// takes none).
 	var dbNow time.Time
-	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
+	var standby bool
+	if err := tx.QueryRow(ctx, `SELECT now(), pg_is_in_recovery()`).Scan(&dbNow, &standby); err != nil {
 		return Result{Since: o.Since, Until: o.Until}, fmt.Errorf("take the audit's snapshot: %w", err)
 	}
+	// A standby replays commits later than the primary made them: a row
+	// whose record was among the end offsets listed can be missing from
+	// its snapshot, and with MatchKey that record would cover a lost row
+	// of its key. (Header ids are unique: a row not yet replayed is only
+	// judged by a later audit.)
+	if standby && o.Match == MatchKey {
+		return Result{Since: o.Since, Until: o.Until}, errors.New("audit: -match key reads the primary: this server is a standby, whose snapshot can lack rows whose records are already in Kafka; point the DSN at the primary")
+	}
 	now := dbNow
+	var skipped time.Time
 	if o.Now != nil {
 		now = o.Now()
 	}
@@ -297,13 +330,16 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 		o.Since = now.Add(-o.Window)
 		if !o.Resume.IsZero() && o.Resume.Before(o.Since) {
 			o.Since = o.Resume
+			if floor := now.Add(-o.CatchUp); o.CatchUp > 0 && o.Since.Before(floor) {
+				skipped, o.Since = o.Since, minTime(floor, now.Add(-o.Window))
+			}
 		}
 	}
 	until := o.Until
 	if due := now.Add(-o.Grace); until.IsZero() || until.After(due) {
 		until = due
 	}
-	res := Result{Since: o.Since, Until: until}
+	res := Result{Since: o.Since, Until: until, Skipped: skipped}
 	if !until.After(o.Since) {
 		res.Elapsed = time.Since(start)
 		return res, nil
@@ -348,9 +384,9 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 		defer close(sortReturned)
 		sorter.Sort(sctx)
 	}()
-	n, readErr := readKafka(sctx, cl, read, o, ends, ids, sortReturned)
+	counts, readErr := readKafka(sctx, cl, read, o, ends, ids, sortReturned)
 	close(ids)
-	res.Records = n
+	res.Records, res.Unreadable = counts.sent, counts.unreadable
 	if readErr != nil {
 		cancel()
 		<-sortReturned
@@ -364,6 +400,19 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	}
 
 	err = compare(ctx, tx, o, until, topics, sorted, sortErrs, &res)
+	// No routed record had an id the audit could read, and there are at
+	// least as many such records as events found missing: each of those
+	// may be one of them, written by a converter or read with a -match
+	// that does not fit the topics. That is no verdict. With fewer (a
+	// foreign record beside a relay that is down), the events are missing
+	// whatever the records are, and the result counts the unreadable ones.
+	if err == nil && counts.readable == 0 && res.Missing > 0 && counts.unreadable >= res.Missing {
+		where := "an id header"
+		if o.Match == MatchKey {
+			where = "a key"
+		}
+		err = &UnreadableError{Records: counts.unreadable, Missing: res.Missing, Where: where}
+	}
 	cancel()
 	<-sortReturned
 	drain(sorted)
@@ -417,67 +466,94 @@ const (
 	tagDLQ    = "\x00d"
 )
 
+// ownTopic is the topic of a table of one aggregate type (no RouteColumn).
+func ownTopic(o Options) (map[string]string, error) {
+	t, err := o.Topic(o.Source.AggregateType)
+	if err != nil {
+		return nil, fmt.Errorf("aggregate type %q: %w", o.Source.AggregateType, err)
+	}
+	return map[string]string{o.Source.AggregateType: t}, nil
+}
+
 // routedTopics maps the route values present in the window to their
 // topics. An unroutable value has none: its events are reported missing
 // with an empty topic.
 func routedTopics(ctx context.Context, db pgx.Tx, o Options, since, until time.Time) (map[string]string, error) {
-	byValue := map[string]string{}
 	if o.Source.RouteColumn == "" {
-		t, err := o.Topic(o.Source.AggregateType)
+		return ownTopic(o)
+	}
+	byValue := map[string]string{}
+	q := fmt.Sprintf(`SELECT DISTINCT %s::text FROM %s WHERE %s >= $1 AND %s < $2`,
+		o.Source.RouteColumn, o.Source.Table, o.Source.TimeColumn, o.Source.TimeColumn)
+	rows, err := db.Query(ctx, q, since, until)
+	if err != nil {
+		return nil, fmt.Errorf("list the aggregate types in %s: %w", o.Source.Table, err)
+	}
+	var vals []*string
+	for rows.Next() {
+		var v *string
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		vals = append(vals, v)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list the aggregate types in %s: %w", o.Source.Table, err)
+	}
+	for _, v := range vals {
+		if v == nil {
+			continue // an event the router cannot route: reported missing with topic ""
+		}
+		t, err := o.Topic(*v)
 		if err != nil {
-			return nil, fmt.Errorf("aggregate type %q: %w", o.Source.AggregateType, err)
+			continue
 		}
-		byValue[o.Source.AggregateType] = t
-	} else {
-		q := fmt.Sprintf(`SELECT DISTINCT %s::text FROM %s WHERE %s >= $1 AND %s < $2`,
-			o.Source.RouteColumn, o.Source.Table, o.Source.TimeColumn, o.Source.TimeColumn)
-		rows, err := db.Query(ctx, q, since, until)
-		if err != nil {
-			return nil, fmt.Errorf("list the aggregate types in %s: %w", o.Source.Table, err)
-		}
-		var vals []*string
-		for rows.Next() {
-			var v *string
-			if err := rows.Scan(&v); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			vals = append(vals, v)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("list the aggregate types in %s: %w", o.Source.Table, err)
-		}
-		for _, v := range vals {
-			if v == nil {
-				continue // an event the router cannot route: reported missing with topic ""
-			}
-			t, err := o.Topic(*v)
-			if err != nil {
-				continue
-			}
-			byValue[*v] = t
-		}
+		byValue[*v] = t
 	}
 	return byValue, nil
 }
 
+// UnreadableError: no routed record read had an id the audit could read,
+// and they were at least as many as the events found missing, so that
+// each missing event may be one of them. The missing events already
+// reported are no verdict.
+type UnreadableError struct {
+	Records, Missing int64
+	// Where is what holds the id: "an id header" or "a key".
+	Where string
+}
+
+func (e *UnreadableError) Error() string {
+	return fmt.Sprintf("none of the %d records read from the routed topics carries %s the audit can read (a null, another converter, or another producer's records), and %d events look missing: each may be one of them; check that these topics are the router's (OUTBOX_ROUTE_*, the header and key converters) and -match",
+		e.Records, e.Where, e.Missing)
+}
+
+// readCounts counts the records a Kafka read took.
+type readCounts struct {
+	// sent is how many ids went to the sort, readable of them routed
+	// records (the rest dead letters); unreadable counts the routed
+	// records with no id the audit can read (the DLQ's are the relay's).
+	sent, readable, unreadable int64
+}
+
 // readKafka sends every id on topics from Since − Skew up to their end
-// offsets (ends, or when nil those listed now) to ids, tagged, and returns
-// how many it sent.
-func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ends kadm.ListedOffsets, ids chan<- string, sortReturned <-chan struct{}) (n int64, err error) {
+// offsets (ends, or when nil those listed now) to ids, tagged, and counts
+// what it read.
+func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ends kadm.ListedOffsets, ids chan<- string, sortReturned <-chan struct{}) (c readCounts, err error) {
 	if len(topics) == 0 {
-		return 0, nil
+		return c, nil
 	}
 	adm := kadm.NewClient(cl)
 	from := o.Since.Add(-o.Skew).UnixMilli()
 	starts, err := adm.ListOffsetsAfterMilli(ctx, from, topics...)
 	if err != nil {
-		return 0, fmt.Errorf("list the offsets at %s: %w", time.UnixMilli(from).UTC().Format(time.RFC3339), err)
+		return c, fmt.Errorf("list the offsets at %s: %w", time.UnixMilli(from).UTC().Format(time.RFC3339), err)
 	}
 	if ends == nil {
 		if ends, err = listEnds(ctx, cl, topics); err != nil {
-			return 0, err
+			return c, err
 		}
 	}
 	assign := map[string]map[int32]kgo.Offset{}
@@ -516,10 +592,10 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return 0, err
+		return c, err
 	}
 	if left == 0 {
-		return 0, nil
+		return c, nil
 	}
 	cl.AddConsumePartitions(assign)
 	defer func() {
@@ -532,24 +608,12 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 		cl.RemoveConsumePartitions(rm)
 	}()
 
-	// Routed records without an id the audit can read, against those
-	// with one (the DLQ's are not counted: its records are the relay's).
-	var unreadable, readable int64
-	defer func() {
-		if err == nil && unreadable > 0 && unreadable >= readable {
-			where := "id header"
-			if o.Match == MatchKey {
-				where = "key"
-			}
-			err = fmt.Errorf("%d of the %d records read from the routed topics carry no %s the audit can read (a null, or another producer's records): every event would look missing; check that these topics are the router's (OUTBOX_ROUTE_*) and -match", unreadable, readable+unreadable, where)
-		}
-	}()
 	for left > 0 {
 		pctx, cancel := context.WithTimeout(ctx, o.Idle)
 		fs := cl.PollFetches(pctx)
 		cancel()
 		if err := ctx.Err(); err != nil {
-			return n, err
+			return c, err
 		}
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
@@ -559,7 +623,7 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 			ferr = fmt.Errorf("read %s[%d]: %w", t, p, err)
 		})
 		if ferr != nil {
-			return n, ferr
+			return c, ferr
 		}
 		got := 0
 		for it := fs.RecordIter(); !it.Done(); {
@@ -575,22 +639,22 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 				id, ok := recordID(r, o, dlq)
 				switch {
 				case (!ok || id == "") && !dlq:
-					unreadable++
+					c.unreadable++
 				case ok && id != "":
 					tag := tagRouted
 					if dlq {
 						tag = tagDLQ
 					} else {
-						readable++
+						c.readable++
 					}
 					select {
 					case ids <- id + tag:
 					case <-sortReturned:
-						return n, errSortStopped
+						return c, errSortStopped
 					case <-ctx.Done():
-						return n, ctx.Err()
+						return c, ctx.Err()
 					}
-					n++
+					c.sent++
 				}
 			}
 			if r.Offset >= end-1 {
@@ -606,10 +670,10 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 				}
 			}
 			sort.Strings(short)
-			return n, fmt.Errorf("no record from Kafka for %s while partitions are short of the end they had when the audit began (%s); check the brokers, or raise the idle timeout", o.Idle, strings.Join(short, ", "))
+			return c, fmt.Errorf("no record from Kafka for %s while partitions are short of the end they had when the audit began (%s); check the brokers, or raise the idle timeout", o.Idle, strings.Join(short, ", "))
 		}
 	}
-	return n, nil
+	return c, nil
 }
 
 // recordID is the id a record carries: a routed record's is in its id
@@ -643,7 +707,7 @@ func compare(ctx context.Context, tx pgx.Tx, o Options, until time.Time, topics 
 	if s.KeyColumn != "" {
 		keyExpr = "o." + s.KeyColumn + "::text"
 	}
-	if o.DeadLetterTable != "" && s.EventIDColumn != "" && o.Match != MatchKey {
+	if o.DeadLetterTable != "" && s.EventIDColumn != "" {
 		deadExpr = "d.id IS NOT NULL"
 		join = fmt.Sprintf(" LEFT JOIN %s d ON d.id = o.%s::text", o.DeadLetterTable, s.EventIDColumn)
 	}

@@ -25,7 +25,10 @@ import (
 // fixture is one throwaway PostgreSQL with sql/ applied and one in-process
 // Kafka; each case writes its own aggregate type, so cases share both.
 type fixture struct {
-	db      *pgx.Conn
+	pg *testenv.Postgres
+	db *pgx.Conn
+	// auditDB, when set, is the server the audit reads (a standby).
+	auditDB *testenv.Postgres
 	brokers string
 	kafka   *kfake.Cluster
 	// params are the audit's session settings (RuntimeParams).
@@ -81,7 +84,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return &fixture{db: pg.Conn(t, "outbox"), brokers: c.ListenAddrs()[0], kafka: c}
+	return &fixture{pg: pg, db: pg.Conn(t, "outbox"), brokers: c.ListenAddrs()[0], kafka: c}
 }
 
 // event is one outbox row the case writes, and how Kafka holds it.
@@ -159,7 +162,11 @@ func (f *fixture) audit(t *testing.T, aggType string, o Options) (Result, []stri
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg, err := pgx.ParseConfig(f.db.Config().ConnString())
+	dsn := f.db.Config().ConnString()
+	if f.auditDB != nil {
+		dsn = f.auditDB.DSN("outbox")
+	}
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,6 +400,42 @@ func TestAuditKeyAfterSnapshot(t *testing.T) {
 	}
 }
 
+// TestAuditKeyRefusesStandby: -match key against a hot standby is refused
+// (its snapshot can lack a row whose record the end offsets cover, which
+// would then cover a lost row of its key); -match header reads one.
+func TestAuditKeyRefusesStandby(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	id := ids(2)
+	f.write(t, "standby", []event{{id: id[0], agg: "k1", routed: 1}, {id: id[1], agg: "k2"}}, o)
+	o.Match = MatchKey
+	if _, missing, _, err := f.audit(t, "standby", o); err != nil || !slices.Equal(missing, []string{"k2"}) {
+		t.Fatalf("on the primary: missing %v, %v; want [k2]", missing, err)
+	}
+	sb := f.pg.StartStandby(t, nil)
+	sc := sb.Conn(t, "outbox")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := sc.QueryRow(context.Background(), `SELECT count(*) FROM public.keyed_standby`).Scan(&n); err == nil && n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the standby did not replay the case's rows in 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	f.auditDB = sb
+	_, _, _, err := f.audit(t, "standby", o)
+	if err == nil || !strings.Contains(err.Error(), "point the DSN at the primary") {
+		t.Errorf("-match key on a standby: %v; want refused", err)
+	}
+	o.Match = MatchHeader
+	if _, missing, _, err := f.audit(t, "standby", o); err != nil || !slices.Equal(missing, id[1:]) {
+		t.Errorf("-match header on a standby: missing %v, %v; want %v", missing, err, id[1:])
+	}
+}
+
 // TestAuditRefusesKeyWithRoutes: -match key audits one aggregate type with
 // no dead letters; anything else is refused before the audit reads.
 func TestAuditRefusesKeyWithRoutes(t *testing.T) {
@@ -467,12 +510,38 @@ func TestAuditUnreadableRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, missing, _, err := f.audit(t, "noheader", o)
-	if err == nil || !strings.Contains(err.Error(), "carry no id header") {
-		t.Errorf("err %v; want the unreadable records named", err)
+	_, _, _, err = f.audit(t, "noheader", o)
+	var ue *UnreadableError
+	if !errors.As(err, &ue) || ue.Records != 2 || ue.Missing != 2 || !strings.Contains(err.Error(), "carries an id header") {
+		t.Errorf("err %v; want the 2 unreadable records named beside the 2 events that look missing", err)
 	}
-	if len(missing) > 0 {
-		t.Errorf("reported %v missing", missing)
+}
+
+// TestAuditUnreadableBesideLoss: a relay that is down for the whole window
+// while another producer writes one record to the topic. The events are
+// missing whatever that record is: before, the audit failed (no readable
+// record, and unreadable ones at least as many as the readable), so
+// AuditFailing fired and EventsMissing did not.
+func TestAuditUnreadableBesideLoss(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	id := ids(3)
+	f.write(t, "foreign", []event{{id: id[0], agg: "a"}, {id: id[1], agg: "b"}, {id: id[2], agg: "c"}}, o)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	topic, _ := o.Topic("foreign")
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Key: []byte("x"), Value: []byte("{}")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	res, missing, _, err := f.audit(t, "foreign", o)
+	if err != nil {
+		t.Fatalf("audit: %v; want the 3 events reported missing", err)
+	}
+	if !slices.Equal(missing, id) || res.Unreadable != 1 || !strings.Contains(res.Summary(), "1 without an id") {
+		t.Errorf("missing %v, %d unreadable (%s); want %v and the foreign record counted", missing, res.Unreadable, res.Summary(), id)
 	}
 }
 
@@ -519,6 +588,25 @@ func TestAuditResume(t *testing.T) {
 	if !res.Since.Equal(resume) || !slices.Equal(missing, []string{id[0]}) {
 		t.Errorf("since %s, missing %v; want since %s (Resume) and [%s]", res.Since, missing, resume, id[0])
 	}
+	if !res.Skipped.IsZero() {
+		t.Errorf("skipped from %s with no CatchUp", res.Skipped)
+	}
+	// CatchUp bounds how far back the window reaches: the lost event, 5
+	// minutes back, is left to a one-shot audit of the stretch skipped.
+	o.CatchUp = 4 * time.Minute
+	res, missing, _, err = f.audit(t, "resume", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if floor := time.Now().Add(-4 * time.Minute); len(missing) != 0 || !res.Skipped.Equal(resume) || res.Since.Before(floor.Add(-5*time.Second)) || res.Since.After(floor) {
+		t.Errorf("since %s, skipped from %s, missing %v; want since about %s (CatchUp), skipped from %s (Resume), none missing", res.Since, res.Skipped, missing, floor, resume)
+	}
+	// A CatchUp shorter than the window does not shorten it.
+	o.CatchUp = time.Minute
+	if res, _, _, err = f.audit(t, "resume", o); err != nil || res.Since.Before(time.Now().Add(-2*time.Minute-5*time.Second)) || res.Since.After(time.Now().Add(-2*time.Minute)) {
+		t.Errorf("since %s, err %v; want the last two minutes (Window)", res.Since, err)
+	}
+	o.CatchUp = 0
 	o.Resume = time.Now() // later than now − Window: the window as usual
 	if res, _, _, err = f.audit(t, "resume", o); err != nil || res.Since.Before(time.Now().Add(-3*time.Minute)) {
 		t.Errorf("since %s, err %v; want the last two minutes", res.Since, err)

@@ -24,6 +24,11 @@ const (
 	DefaultAuditGrace  = time.Minute
 	// DefaultAuditSkew: how far before a window the topics are read.
 	DefaultAuditSkew = time.Minute
+	// DefaultAuditCatchUp: after rounds that failed, how far back the next
+	// round reaches at most (well inside Kafka's default retention of 7
+	// days; a busy outbox's 6 hours is tens of millions of events, a few
+	// minutes of audit).
+	DefaultAuditCatchUp = 6 * time.Hour
 )
 
 // Outbox is the end-to-end watch: a canary event through the pipeline and
@@ -69,6 +74,9 @@ type Outbox struct {
 	// event's created_at and its record's timestamp (clocks, or
 	// OUTBOX_ROUTE_FIELD_EVENT_TIMESTAMP naming another column).
 	AuditSkew time.Duration
+	// AuditCatchUp bounds how far back a round after failed ones reaches
+	// (SLOTWATCH_AUDIT_CATCH_UP, default 6h; 0: to the last success).
+	AuditCatchUp time.Duration
 }
 
 // Bind registers the end-to-end watch's settings on b.
@@ -82,6 +90,7 @@ func (o *Outbox) Bind(b *iconfig.Binder) {
 	b.Duration(&o.AuditWindow, "audit-window", "SLOTWATCH_AUDIT_WINDOW", DefaultAuditWindow, "how far back each audit round looks")
 	b.Duration(&o.AuditGrace, "audit-grace", "SLOTWATCH_AUDIT_GRACE", DefaultAuditGrace, "how old an event must be before its absence from Kafka counts as missing")
 	b.Duration(&o.AuditSkew, "audit-skew", "SLOTWATCH_AUDIT_SKEW", DefaultAuditSkew, "how far before each window the topics are read: the largest gap between an event's created_at and its record's timestamp")
+	b.Duration(&o.AuditCatchUp, "audit-catch-up", "SLOTWATCH_AUDIT_CATCH_UP", DefaultAuditCatchUp, "after failed rounds, how far back the next round reaches at most (0: to the last success); a longer gap is logged for slotwatch audit to cover")
 	o.Kafka.Bind(b, "slotwatch")
 	o.Route = route.DefaultConfig()
 	o.Route.Bind(b)
@@ -122,6 +131,7 @@ func (o *Outbox) Validate() error {
 		{"SLOTWATCH_AUDIT_INTERVAL", o.AuditInterval},
 		{"SLOTWATCH_AUDIT_GRACE", o.AuditGrace},
 		{"SLOTWATCH_AUDIT_SKEW", o.AuditSkew},
+		{"SLOTWATCH_AUDIT_CATCH_UP", o.AuditCatchUp},
 	} {
 		if d.d < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %s", d.env, d.d))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -133,6 +134,12 @@ func (w *Watch) auditLoop(ctx context.Context) error {
 	w.auditStarted = time.Now()
 	w.mu.Unlock()
 	w.o.Metrics.auditInterval.Set(w.o.AuditInterval.Seconds())
+	// Where the last success ended is held in memory: a process that was
+	// down (or crash-looping, AuditFailing) for longer than the window
+	// minus the grace starts over from the window, and the stretch before
+	// is audited only by hand.
+	w.o.Log.Info("audit: the first round covers the last SLOTWATCH_AUDIT_WINDOW; if slotwatch was down for longer, audit the stretch before with slotwatch audit -since the last success (slotwatch_audit_last_success_timestamp_seconds) minus SLOTWATCH_AUDIT_GRACE",
+		"window", w.o.AuditWindow.String())
 	cl, err := kgo.NewClient(append(audit.ClientOpts(), w.o.Kafka...)...)
 	if err != nil {
 		return fmt.Errorf("audit: Kafka client: %w", err)
@@ -205,6 +212,15 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	if more := res.Missing - int64(len(found)); more > 0 {
 		w.o.Log.Warn("audit: more events missing from Kafka than logged; slotwatch audit lists them all", "more", more,
 			"since", res.Since.UTC().Format(time.RFC3339), "until", res.Until.UTC().Format(time.RFC3339))
+	}
+	if !res.Skipped.IsZero() {
+		from, to := res.Skipped.UTC().Format(time.RFC3339), res.Since.UTC().Format(time.RFC3339)
+		w.o.Log.Warn("audit: rounds failed for longer than SLOTWATCH_AUDIT_CATCH_UP; this round starts at the bound, and the events created before it, since the last success, were audited by no round: audit them with slotwatch audit",
+			"skipped_since", from, "skipped_until", to, "command", fmt.Sprintf("slotwatch audit -since %s -until %s", from, to))
+	}
+	if res.Unreadable > 0 {
+		w.o.Log.Warn("audit: records without an id the audit can read on the routed topics (another producer's, or a converter slotwatch is not told of: OUTBOX_ROUTE_HEADER_FORMAT)", "records", res.Unreadable,
+			"topics", strings.Join(res.Topics, ","))
 	}
 	w.o.Log.Debug("audit: round done", "summary", res.Summary())
 	w.mu.Lock()

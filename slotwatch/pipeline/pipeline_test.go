@@ -161,3 +161,29 @@ func TestAuditRoundResumes(t *testing.T) {
 		t.Errorf("Resume per round %v; want %v", seen, want)
 	}
 }
+
+// TestAuditRoundLogsSkipped: a round whose start SLOTWATCH_AUDIT_CATCH_UP
+// bounded (audit.Result.Skipped) logs the stretch no round audited, with
+// the command that audits it; the bound reaches the round's options.
+func TestAuditRoundLogsSkipped(t *testing.T) {
+	w, lb := testWatch(t)
+	w.o.Audit.CatchUp = 6 * time.Hour
+	since := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	skipped := since.Add(-30 * time.Hour)
+	w.round(context.Background(), func(_ context.Context, o audit.Options) (audit.Result, error) {
+		if o.CatchUp != 6*time.Hour {
+			t.Errorf("round's CatchUp %s; want 6h", o.CatchUp)
+		}
+		return audit.Result{Since: since, Until: since.Add(6 * time.Hour), Skipped: skipped}, nil
+	})
+	if lb.count("command=\"slotwatch audit -since 2026-12-04T03:00:00Z -until 2026-12-05T09:00:00Z\"") != 1 {
+		t.Errorf("the skipped stretch is not logged with its command:\n%s", lb.b.String())
+	}
+	lb.reset()
+	w.round(context.Background(), func(_ context.Context, o audit.Options) (audit.Result, error) {
+		return audit.Result{Since: since, Until: since.Add(time.Hour)}, nil
+	})
+	if lb.count("SLOTWATCH_AUDIT_CATCH_UP") != 0 {
+		t.Errorf("a round that skipped nothing logged a skip:\n%s", lb.b.String())
+	}
+}
