@@ -404,8 +404,10 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	// least as many such records as events found missing: each of those
 	// may be one of them, written by a converter or read with a -match
 	// that does not fit the topics. That is no verdict. With fewer (a
-	// foreign record beside a relay that is down), the events are missing
-	// whatever the records are, and the result counts the unreadable ones.
+	// foreign record beside a relay that is down), at least Missing −
+	// Unreadable events are lost whatever the records are: all are
+	// reported, as a record the audit cannot read proves no delivery, and
+	// the result counts the unreadable records.
 	if err == nil && counts.readable == 0 && res.Missing > 0 && counts.unreadable >= res.Missing {
 		where := "an id header"
 		if o.Match == MatchKey {
