@@ -211,10 +211,12 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	}
 	if more := res.Missing - int64(len(found)); more > 0 {
 		w.o.Log.Warn("audit: more events missing from Kafka than logged; slotwatch audit lists them all", "more", more,
-			"since", res.Since.UTC().Format(time.RFC3339), "until", res.Until.UTC().Format(time.RFC3339))
+			"since", res.Since.UTC().Format(time.RFC3339Nano), "until", res.Until.UTC().Format(time.RFC3339Nano))
 	}
 	if !res.Skipped.IsZero() {
-		from, to := res.Skipped.UTC().Format(time.RFC3339), res.Since.UTC().Format(time.RFC3339)
+		// To the nanosecond: an -until cut to the second would leave the
+		// stretch's last fraction of a second to no audit.
+		from, to := res.Skipped.UTC().Format(time.RFC3339Nano), res.Since.UTC().Format(time.RFC3339Nano)
 		w.o.Log.Warn("audit: rounds failed for longer than SLOTWATCH_AUDIT_CATCH_UP; this round starts at the bound, and the events created before it, since the last success, were audited by no round: audit them with slotwatch audit",
 			"skipped_since", from, "skipped_until", to, "command", fmt.Sprintf("slotwatch audit -since %s -until %s", from, to))
 	}

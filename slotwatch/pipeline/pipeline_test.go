@@ -168,7 +168,7 @@ func TestAuditRoundResumes(t *testing.T) {
 func TestAuditRoundLogsSkipped(t *testing.T) {
 	w, lb := testWatch(t)
 	w.o.Audit.CatchUp = 6 * time.Hour
-	since := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	since := time.Date(2026, 12, 5, 9, 0, 0, 500_000_000, time.UTC)
 	skipped := since.Add(-30 * time.Hour)
 	w.round(context.Background(), func(_ context.Context, o audit.Options) (audit.Result, error) {
 		if o.CatchUp != 6*time.Hour {
@@ -176,7 +176,7 @@ func TestAuditRoundLogsSkipped(t *testing.T) {
 		}
 		return audit.Result{Since: since, Until: since.Add(6 * time.Hour), Skipped: skipped}, nil
 	})
-	if lb.count("command=\"slotwatch audit -since 2026-12-04T03:00:00Z -until 2026-12-05T09:00:00Z\"") != 1 {
+	if lb.count("command=\"slotwatch audit -since 2026-12-04T03:00:00.5Z -until 2026-12-05T09:00:00.5Z\"") != 1 {
 		t.Errorf("the skipped stretch is not logged with its command:\n%s", lb.b.String())
 	}
 	lb.reset()
