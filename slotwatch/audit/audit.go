@@ -109,8 +109,9 @@ type Options struct {
 	// there instead, so that rounds failing for longer than the window
 	// leave no stretch of the table unaudited.
 	Resume time.Time
-	// CatchUp bounds Resume: a window starts no earlier than CatchUp
-	// before now (0: unbounded). Past Kafka's retention its records are
+	// CatchUp bounds Resume: a window that Resume starts early starts no
+	// earlier than CatchUp before now, nor later than now − Window (0:
+	// unbounded). Past Kafka's retention its records are
 	// gone and every event would look missing; and a round failing for
 	// its window's size would only grow it. The stretch left is in
 	// Result.Skipped, for a one-shot audit to cover.
@@ -178,6 +179,8 @@ type Result struct {
 	Topics []string
 	// Elapsed is how long the audit took.
 	Elapsed time.Duration
+	// missingIn counts Missing by expected topic.
+	missingIn map[string]int64
 	// Skipped, when not zero, is where the window would have started
 	// (Options.Resume) had CatchUp not bounded it: the events created from
 	// Skipped to Since were audited by no round.
@@ -384,7 +387,7 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 		defer close(sortReturned)
 		sorter.Sort(sctx)
 	}()
-	counts, readErr := readKafka(sctx, cl, read, o, ends, ids, sortReturned)
+	counts, readErr := readKafka(sctx, cl, read, o, until, ends, ids, sortReturned)
 	close(ids)
 	res.Records, res.Unreadable = counts.sent, counts.unreadable
 	if readErr != nil {
@@ -400,21 +403,6 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	}
 
 	err = compare(ctx, tx, o, until, topics, sorted, sortErrs, &res)
-	// No routed record had an id the audit could read, and there are at
-	// least as many such records as events found missing: each of those
-	// may be one of them, written by a converter or read with a -match
-	// that does not fit the topics. That is no verdict. With fewer (a
-	// foreign record beside a relay that is down), at least Missing −
-	// Unreadable events are lost whatever the records are: all are
-	// reported, as a record the audit cannot read proves no delivery, and
-	// the result counts the unreadable records.
-	if err == nil && counts.readable == 0 && res.Missing > 0 && counts.unreadable >= res.Missing {
-		where := "an id header"
-		if o.Match == MatchKey {
-			where = "a key"
-		}
-		err = &UnreadableError{Records: counts.unreadable, Missing: res.Missing, Where: where}
-	}
 	cancel()
 	<-sortReturned
 	drain(sorted)
@@ -422,6 +410,9 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 		if serr := <-sortErrs; serr != nil && !errors.Is(serr, context.Canceled) {
 			err = fmt.Errorf("sort the ids read from Kafka: %w", serr)
 		}
+	}
+	if err == nil {
+		err = unreadable(o, counts, res.missingIn)
 	}
 	res.Elapsed = time.Since(start)
 	return res, err
@@ -523,30 +514,69 @@ func routedTopics(ctx context.Context, db pgx.Tx, o Options, since, until time.T
 // reported are no verdict.
 type UnreadableError struct {
 	Records, Missing int64
+	// Topics are where.
+	Topics []string
 	// Where is what holds the id: "an id header" or "a key".
 	Where string
 }
 
 func (e *UnreadableError) Error() string {
-	return fmt.Sprintf("none of the %d records read from the routed topics carries %s the audit can read (a null, another converter, or another producer's records), and %d events look missing: each may be one of them; check that these topics are the router's (OUTBOX_ROUTE_*, the header and key converters) and -match",
-		e.Records, e.Where, e.Missing)
+	return fmt.Sprintf("none of the %d records of the window read from %s carries %s the audit can read (a null, another converter, or another producer's records), and %d events there look missing: each may be one of them; check that these topics are the router's (OUTBOX_ROUTE_*, the header and key converters) and -match",
+		e.Records, strings.Join(e.Topics, ","), e.Where, e.Missing)
+}
+
+// unreadable is an UnreadableError when, on some topic, no record of the
+// window had an id the audit could read and the unreadable ones are at
+// least as many as the events found missing there: each of those may be
+// one of them, written by a converter or read with a -match that does not
+// fit the topic. That is no verdict. With fewer (a foreign record beside
+// a relay that is down), at least the difference is lost whatever the
+// records are: all are reported, as a record the audit cannot read proves
+// no delivery, and the result counts the unreadable ones. Counted per
+// topic and by the records' time, so that another topic's or another
+// time's foreign records hide no loss.
+func unreadable(o Options, c readCounts, missingIn map[string]int64) error {
+	var e UnreadableError
+	for t, miss := range missingIn {
+		if n := c.unreadableIn[t]; t != "" && miss > 0 && c.readableIn[t] == 0 && n >= miss {
+			e.Records += n
+			e.Missing += miss
+			e.Topics = append(e.Topics, t)
+		}
+	}
+	if len(e.Topics) == 0 {
+		return nil
+	}
+	sort.Strings(e.Topics)
+	e.Where = "an id header"
+	if o.Match == MatchKey {
+		e.Where = "a key"
+	}
+	return &e
 }
 
 // readCounts counts the records a Kafka read took.
 type readCounts struct {
-	// sent is how many ids went to the sort, readable of them routed
-	// records (the rest dead letters); unreadable counts the routed
-	// records with no id the audit can read (the DLQ's are the relay's).
-	sent, readable, unreadable int64
+	// sent is how many ids went to the sort (dead letters included);
+	// unreadable counts the routed records with no id the audit can read
+	// (the DLQ's are the relay's).
+	sent, unreadable int64
+	// By routed topic, the records stamped inside the window (from Since
+	// − Skew to Until + Skew) with an id the audit can read and without.
+	readableIn, unreadableIn map[string]int64
 }
 
 // readKafka sends every id on topics from Since − Skew up to their end
 // offsets (ends, or when nil those listed now) to ids, tagged, and counts
 // what it read.
-func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, ends kadm.ListedOffsets, ids chan<- string, sortReturned <-chan struct{}) (c readCounts, err error) {
+func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, until time.Time, ends kadm.ListedOffsets, ids chan<- string, sortReturned <-chan struct{}) (c readCounts, err error) {
+	c.readableIn, c.unreadableIn = map[string]int64{}, map[string]int64{}
 	if len(topics) == 0 {
 		return c, nil
 	}
+	// A record of the window's events is stamped within the skew of it.
+	lo, hi := o.Since.Add(-o.Skew), until.Add(o.Skew)
+	inWindow := func(r *kgo.Record) bool { return !r.Timestamp.Before(lo) && r.Timestamp.Before(hi) }
 	adm := kadm.NewClient(cl)
 	from := o.Since.Add(-o.Skew).UnixMilli()
 	starts, err := adm.ListOffsetsAfterMilli(ctx, from, topics...)
@@ -642,12 +672,15 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 				switch {
 				case (!ok || id == "") && !dlq:
 					c.unreadable++
+					if inWindow(r) {
+						c.unreadableIn[r.Topic]++
+					}
 				case ok && id != "":
 					tag := tagRouted
 					if dlq {
 						tag = tagDLQ
-					} else {
-						c.readable++
+					} else if inWindow(r) {
+						c.readableIn[r.Topic]++
 					}
 					select {
 					case ids <- id + tag:
@@ -833,17 +866,21 @@ WHERE judged ORDER BY id COLLATE "C", t`,
 			res.DeadLettered++
 		default:
 			res.Missing++
+			m := Missing{ID: id, CreatedAt: created}
+			if rv != nil {
+				m.AggregateType = *rv
+			} else if s.RouteColumn == "" {
+				m.AggregateType = s.AggregateType
+			}
+			if key != nil {
+				m.AggregateID = *key
+			}
+			m.Topic = topics[m.AggregateType]
+			if res.missingIn == nil {
+				res.missingIn = map[string]int64{}
+			}
+			res.missingIn[m.Topic]++
 			if o.OnMissing != nil {
-				m := Missing{ID: id, CreatedAt: created}
-				if rv != nil {
-					m.AggregateType = *rv
-				} else if s.RouteColumn == "" {
-					m.AggregateType = s.AggregateType
-				}
-				if key != nil {
-					m.AggregateID = *key
-				}
-				m.Topic = topics[m.AggregateType]
 				o.OnMissing(m)
 			}
 		}

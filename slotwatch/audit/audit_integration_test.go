@@ -545,6 +545,49 @@ func TestAuditUnreadableBesideLoss(t *testing.T) {
 	}
 }
 
+// TestAuditUnreadableElsewhere: unreadable records are weighed against the
+// missing events of their own topic and time (review): foreign records on
+// one topic, or stamped long after the window, hide no loss on another
+// topic or in the window. Before, the totals were compared and the audit
+// failed.
+func TestAuditUnreadableElsewhere(t *testing.T) {
+	f := newFixture(t)
+	o := baseOptions()
+	lost, late := ids(2), ids(1)
+	f.write(t, "elsewhereA", nil, o)
+	f.write(t, "elsewhereB", []event{{id: lost[0], agg: "a"}, {id: lost[1], agg: "b"}}, o)
+	f.write(t, "elsewhereC", []event{{id: late[0], agg: "c"}}, o)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	a, _ := o.Topic("elsewhereA")
+	c, _ := o.Topic("elsewhereC")
+	recs := []*kgo.Record{
+		{Topic: a, Key: []byte("x"), Value: []byte("{}")}, {Topic: a, Key: []byte("y"), Value: []byte("{}")},
+		{Topic: a, Key: []byte("z"), Value: []byte("{}")},
+		// Stamped an hour ahead: past the window and its skew.
+		{Topic: c, Key: []byte("w"), Value: []byte("{}"), Timestamp: time.Now().Add(time.Hour)},
+	}
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	// A row of A's aggregate type so that its topic is read.
+	aRow := ids(1)
+	f.write(t, "elsewhereA", []event{{id: aRow[0], agg: "d", dlq: 1}}, o)
+	for _, agg := range []string{"elsewhereB", "elsewhereC"} {
+		res, missing, _, err := f.audit(t, agg, o)
+		want := lost
+		if agg == "elsewhereC" {
+			want = late
+		}
+		if err != nil || !slices.Equal(missing, want) {
+			t.Errorf("%s: missing %v, %v; want %v (%+v)", agg, missing, err, want, res)
+		}
+	}
+}
+
 // TestAuditIdleSnapshot: the snapshot's transaction is idle while Kafka is
 // read; a server's idle_in_transaction_session_timeout shorter than that
 // read ended the session and failed the audit ("terminating connection due

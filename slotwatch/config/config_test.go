@@ -251,6 +251,9 @@ func TestOutboxValidate(t *testing.T) {
 		{"audit off, grace past the window", map[string]string{"SLOTWATCH_AUDIT_INTERVAL": "0", "SLOTWATCH_AUDIT_GRACE": "30m"}, ""},
 		{"watch off: not checked", map[string]string{"SLOTWATCH_OUTBOX_DSN": "", "SLOTWATCH_AUDIT_INTERVAL": "1h"}, ""},
 		{"window not beyond grace", map[string]string{"SLOTWATCH_AUDIT_WINDOW": "1m"}, "SLOTWATCH_AUDIT_WINDOW (1m0s) must be longer than SLOTWATCH_AUDIT_GRACE"},
+		{"catch-up shorter than the window", map[string]string{"SLOTWATCH_AUDIT_CATCH_UP": "10m"}, "SLOTWATCH_AUDIT_CATCH_UP (10m0s) must be 0 (no bound) or at least SLOTWATCH_AUDIT_WINDOW (15m0s)"},
+		{"catch-up off", map[string]string{"SLOTWATCH_AUDIT_CATCH_UP": "0"}, ""},
+		{"catch-up negative", map[string]string{"SLOTWATCH_AUDIT_CATCH_UP": "-1h"}, "SLOTWATCH_AUDIT_CATCH_UP: must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -150,6 +150,9 @@ func (o *Outbox) Validate() error {
 			"each round judges the events between the two, so rounds further apart leave windows no round audits; shorten the interval or lengthen the window",
 			o.AuditInterval, o.AuditWindow, o.AuditGrace))
 	}
+	if o.AuditInterval > 0 && o.AuditCatchUp > 0 && o.AuditCatchUp < o.AuditWindow {
+		errs = append(errs, fmt.Errorf("SLOTWATCH_AUDIT_CATCH_UP (%s) must be 0 (no bound) or at least SLOTWATCH_AUDIT_WINDOW (%s): it bounds how far back a round after failed ones reaches, and every round reaches the window", o.AuditCatchUp, o.AuditWindow))
+	}
 	if o.CanaryInterval == 0 && o.AuditInterval == 0 {
 		errs = append(errs, errors.New("SLOTWATCH_OUTBOX_DSN is set but SLOTWATCH_CANARY_INTERVAL and SLOTWATCH_AUDIT_INTERVAL are both 0; unset the DSN or turn one on"))
 	}

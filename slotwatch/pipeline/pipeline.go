@@ -138,7 +138,7 @@ func (w *Watch) auditLoop(ctx context.Context) error {
 	// down (or crash-looping, AuditFailing) for longer than the window
 	// minus the grace starts over from the window, and the stretch before
 	// is audited only by hand.
-	w.o.Log.Info("audit: the first round covers the last SLOTWATCH_AUDIT_WINDOW; if slotwatch was down for longer, audit the stretch before with slotwatch audit -since the last success (slotwatch_audit_last_success_timestamp_seconds) minus SLOTWATCH_AUDIT_GRACE",
+	w.o.Log.Info("audit: the first round covers the last SLOTWATCH_AUDIT_WINDOW; if slotwatch was down for longer, audit the stretch before with slotwatch audit -since the last success (slotwatch_audit_last_success_timestamp_seconds) minus SLOTWATCH_AUDIT_WINDOW",
 		"window", w.o.AuditWindow.String())
 	cl, err := kgo.NewClient(append(audit.ClientOpts(), w.o.Kafka...)...)
 	if err != nil {
@@ -217,7 +217,7 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 		// To the nanosecond: an -until cut to the second would leave the
 		// stretch's last fraction of a second to no audit.
 		from, to := res.Skipped.UTC().Format(time.RFC3339Nano), res.Since.UTC().Format(time.RFC3339Nano)
-		w.o.Log.Warn("audit: rounds failed for longer than SLOTWATCH_AUDIT_CATCH_UP; this round starts at the bound, and the events created before it, since the last success, were audited by no round: audit them with slotwatch audit",
+		w.o.Log.Warn("audit: the last round that succeeded ended more than SLOTWATCH_AUDIT_CATCH_UP ago; this round starts at the bound, and the events created between the two were audited by no round: audit them with slotwatch audit, before Kafka's retention drops their records (then they would all look missing)",
 			"skipped_since", from, "skipped_until", to, "command", fmt.Sprintf("slotwatch audit -since %s -until %s", from, to))
 	}
 	if res.Unreadable > 0 {
