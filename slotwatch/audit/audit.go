@@ -111,10 +111,10 @@ type Options struct {
 	Resume time.Time
 	// CatchUp bounds Resume: a window that Resume starts early starts no
 	// earlier than CatchUp before now, nor later than now − Window (0:
-	// unbounded). Past Kafka's retention its records are
-	// gone and every event would look missing; and a round failing for
-	// its window's size would only grow it. The stretch left is in
-	// Result.Skipped, for a one-shot audit to cover.
+	// unbounded). Past Kafka's retention its records are gone and every
+	// event would look missing; and a round failing for its window's size
+	// would only grow it. The stretch left is in Result.Skipped, for a
+	// one-shot audit to cover.
 	CatchUp time.Duration
 	// Grace: rows younger than Now − Grace are not judged (they may still
 	// be on their way). It is counted from the time column (created_at,
@@ -508,10 +508,10 @@ func routedTopics(ctx context.Context, db pgx.Tx, o Options, since, until time.T
 	return byValue, nil
 }
 
-// UnreadableError: no routed record read had an id the audit could read,
-// and they were at least as many as the events found missing, so that
-// each missing event may be one of them. The missing events already
-// reported are no verdict.
+// UnreadableError: on Topics, no record of the window had an id the audit
+// could read, and they were at least as many as the events found missing
+// there, so that each of those may be one of them. The missing events
+// already reported are no verdict.
 type UnreadableError struct {
 	Records, Missing int64
 	// Topics are where.
