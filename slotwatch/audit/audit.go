@@ -172,9 +172,12 @@ type Result struct {
 	// count among them.
 	Audited, Missing, Duplicated, DeadLettered int64
 	// Records is how many Kafka records with an id were read; Unreadable
-	// how many routed records carried none the audit could read (a null,
-	// or another producer's records).
-	Records, Unreadable int64
+	// how many routed records had an id header (or, with MatchKey, a key)
+	// the audit could not read: a null, or a converter it does not know.
+	// Foreign counts the routed records with no id header at all: every
+	// record the router writes has one, so these are another producer's;
+	// they prove nothing either way and hold back no verdict.
+	Records, Unreadable, Foreign int64
 	// Topics are the topics read, the DLQ included.
 	Topics []string
 	// Elapsed is how long the audit took.
@@ -202,7 +205,10 @@ func (r Result) Summary() string {
 	}
 	unreadable := ""
 	if r.Unreadable > 0 {
-		unreadable = fmt.Sprintf(" and %d without an id the audit can read (another producer's, or a converter it does not know: check the topics)", r.Unreadable)
+		unreadable = fmt.Sprintf(" and %d with an id the audit cannot read (a null, or a converter it does not know: check the topics)", r.Unreadable)
+	}
+	if r.Foreign > 0 {
+		unreadable += fmt.Sprintf(" and %d without an id header (another producer's)", r.Foreign)
 	}
 	return fmt.Sprintf("audited %d events created from %s to %s: %d missing, %d duplicated, %d dead-lettered; read %d records%s from %s in %s",
 		r.Audited, r.Since.UTC().Format(time.RFC3339), r.Until.UTC().Format(time.RFC3339),
@@ -389,7 +395,7 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	}()
 	counts, readErr := readKafka(sctx, cl, read, o, until, ends, ids, sortReturned)
 	close(ids)
-	res.Records, res.Unreadable = counts.sent, counts.unreadable
+	res.Records, res.Unreadable, res.Foreign = counts.sent, counts.unreadable, counts.foreign
 	if readErr != nil {
 		cancel()
 		<-sortReturned
@@ -521,7 +527,7 @@ type UnreadableError struct {
 }
 
 func (e *UnreadableError) Error() string {
-	return fmt.Sprintf("none of the %d records of the window read from %s carries %s the audit can read (a null, another converter, or another producer's records), and %d events there look missing: each may be one of them; check that these topics are the router's (OUTBOX_ROUTE_*, the header and key converters) and -match",
+	return fmt.Sprintf("none of the %d records of the window read from %s carries %s the audit can read (a null, or a converter it does not know), and %d events there look missing: each may be one of them; check that these topics are the router's (OUTBOX_ROUTE_*, the header and key converters) and -match",
 		e.Records, strings.Join(e.Topics, ","), e.Where, e.Missing)
 }
 
@@ -529,12 +535,14 @@ func (e *UnreadableError) Error() string {
 // window had an id the audit could read and the unreadable ones are at
 // least as many as the events found missing there: each of those may be
 // one of them, written by a converter or read with a -match that does not
-// fit the topic. That is no verdict. With fewer (a foreign record beside
-// a relay that is down), at least the difference is lost whatever the
-// records are: all are reported, as a record the audit cannot read proves
-// no delivery, and the result counts the unreadable ones. Counted per
-// topic and by the records' time, so that another topic's or another
-// time's foreign records hide no loss.
+// fit the topic. That is no verdict. With fewer, at least the difference
+// is lost whatever the records are: all are reported, as a record the
+// audit cannot read proves no delivery, and the result counts the
+// unreadable ones. Counted per topic and by the records' time, so that
+// another topic's or another time's records hide no loss; and records
+// with no id header are not counted at all (Result.Foreign): the router
+// writes one on every record, so a busy foreign producer beside a relay
+// that is down hides no loss either.
 func unreadable(o Options, c readCounts, missingIn map[string]int64) error {
 	var e UnreadableError
 	for t, miss := range missingIn {
@@ -558,9 +566,9 @@ func unreadable(o Options, c readCounts, missingIn map[string]int64) error {
 // readCounts counts the records a Kafka read took.
 type readCounts struct {
 	// sent is how many ids went to the sort (dead letters included);
-	// unreadable counts the routed records with no id the audit can read
-	// (the DLQ's are the relay's).
-	sent, unreadable int64
+	// unreadable counts the routed records with an id the audit cannot
+	// read, foreign those with no id header (the DLQ's are the relay's).
+	sent, unreadable, foreign int64
 	// By routed topic, the records stamped inside the window (from Since
 	// − Skew to Until + Skew) with an id the audit can read and without.
 	readableIn, unreadableIn map[string]int64
@@ -668,8 +676,10 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 			reached[r.Topic][r.Partition] = r.Offset
 			if r.Offset < end && !r.Attrs.IsControl() {
 				dlq := r.Topic == o.DLQTopic
-				id, ok := recordID(r, o, dlq)
+				id, ok, present := recordID(r, o, dlq)
 				switch {
+				case !present && !dlq:
+					c.foreign++
 				case (!ok || id == "") && !dlq:
 					c.unreadable++
 					if inWindow(r) {
@@ -713,20 +723,24 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 
 // recordID is the id a record carries: a routed record's is in its id
 // header or its key, written by one of the router's converters. A dead
-// letter's key is the event id, as is (MatchHeader only).
-func recordID(r *kgo.Record, o Options, dlq bool) (string, bool) {
+// letter's key is the event id, as is (MatchHeader only). present is false
+// for a routed record without an id header (MatchHeader), which the router
+// never writes.
+func recordID(r *kgo.Record, o Options, dlq bool) (id string, ok, present bool) {
 	switch {
 	case dlq:
-		return string(r.Key), r.Key != nil
+		return string(r.Key), r.Key != nil, true
 	case o.Match == MatchKey:
-		return DecodeID(r.Key)
+		id, ok = DecodeID(r.Key)
+		return id, ok, true
 	}
 	for _, h := range r.Headers {
 		if h.Key == "id" {
-			return DecodeID(h.Value)
+			id, ok = DecodeID(h.Value)
+			return id, ok, true
 		}
 	}
-	return "", false
+	return "", false, false
 }
 
 // compare walks the table's rows in id order beside the sorted ids from

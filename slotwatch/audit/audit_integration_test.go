@@ -505,23 +505,31 @@ func TestAuditUnreadableRecords(t *testing.T) {
 	}
 	defer cl.Close()
 	topic, _ := o.Topic("noheader")
-	for _, k := range []string{"a", "b"} {
-		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Key: []byte(k), Value: []byte("{}")}).FirstErr(); err != nil {
+	// The router's records written by a converter the audit does not
+	// know: the schema registry's Avro (magic byte, schema id, the
+	// string), and a null. Before, the Avro one read as an id no row has,
+	// and the events were reported missing: a false EventsMissing.
+	for k, v := range map[string][]byte{"a": {0, 0, 0, 0, 7, 2 * 36}, "b": nil} {
+		r := &kgo.Record{Topic: topic, Key: []byte(k), Value: []byte("{}"), Headers: []kgo.RecordHeader{{Key: "id", Value: v}}}
+		if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, _, _, err = f.audit(t, "noheader", o)
+	res, missing, _, err := f.audit(t, "noheader", o)
 	var ue *UnreadableError
 	if !errors.As(err, &ue) || ue.Records != 2 || ue.Missing != 2 || !strings.Contains(err.Error(), "carries an id header") {
-		t.Errorf("err %v; want the 2 unreadable records named beside the 2 events that look missing", err)
+		t.Errorf("err %v (missing %v, %+v); want the 2 unreadable records named beside the 2 events that look missing", err, missing, res)
 	}
 }
 
 // TestAuditUnreadableBesideLoss: a relay that is down for the whole window
-// while another producer writes one record to the topic. The events are
-// missing whatever that record is: before, the audit failed (no readable
-// record, and unreadable ones at least as many as the readable), so
-// AuditFailing fired and EventsMissing did not.
+// while another producer writes to the topic, one record with an id
+// header the audit cannot read, then (busy) more records without an id
+// header than events are missing. The events are missing whatever those
+// records are: before, the audit failed (no readable record, and
+// unreadable ones at least as many as the missing), so AuditFailing fired
+// and EventsMissing did not; with the busy producer it failed until the
+// records without an id header were left out of the count.
 func TestAuditUnreadableBesideLoss(t *testing.T) {
 	f := newFixture(t)
 	o := baseOptions()
@@ -533,15 +541,29 @@ func TestAuditUnreadableBesideLoss(t *testing.T) {
 	}
 	defer cl.Close()
 	topic, _ := o.Topic("foreign")
-	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Key: []byte("x"), Value: []byte("{}")}).FirstErr(); err != nil {
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Key: []byte("x"), Value: []byte("{}"),
+		Headers: []kgo.RecordHeader{{Key: "id"}}}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	res, missing, _, err := f.audit(t, "foreign", o)
 	if err != nil {
 		t.Fatalf("audit: %v; want the 3 events reported missing", err)
 	}
-	if !slices.Equal(missing, id) || res.Unreadable != 1 || !strings.Contains(res.Summary(), "1 without an id") {
-		t.Errorf("missing %v, %d unreadable (%s); want %v and the foreign record counted", missing, res.Unreadable, res.Summary(), id)
+	if !slices.Equal(missing, id) || res.Unreadable != 1 || !strings.Contains(res.Summary(), "1 with an id the audit cannot read") {
+		t.Errorf("missing %v, %d unreadable (%s); want %v and the null id counted", missing, res.Unreadable, res.Summary(), id)
+	}
+	// A busy foreign producer: 5 records, none with an id header.
+	for i := range 5 {
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Key: []byte{'k', byte('0' + i)}, Value: []byte("{}")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, missing, _, err = f.audit(t, "foreign", o)
+	if err != nil {
+		t.Fatalf("audit beside a busy producer: %v; want the 3 events reported missing", err)
+	}
+	if !slices.Equal(missing, id) || res.Unreadable != 1 || res.Foreign != 5 || !strings.Contains(res.Summary(), "5 without an id header") {
+		t.Errorf("missing %v, %d unreadable, %d foreign (%s); want %v, 1 and 5", missing, res.Unreadable, res.Foreign, res.Summary(), id)
 	}
 }
 
@@ -564,11 +586,12 @@ func TestAuditUnreadableElsewhere(t *testing.T) {
 	defer cl.Close()
 	a, _ := o.Topic("elsewhereA")
 	c, _ := o.Topic("elsewhereC")
+	null := []kgo.RecordHeader{{Key: "id"}} // an id header the audit cannot read
 	recs := []*kgo.Record{
-		{Topic: a, Key: []byte("x"), Value: []byte("{}")}, {Topic: a, Key: []byte("y"), Value: []byte("{}")},
-		{Topic: a, Key: []byte("z"), Value: []byte("{}")},
+		{Topic: a, Key: []byte("x"), Value: []byte("{}"), Headers: null}, {Topic: a, Key: []byte("y"), Value: []byte("{}"), Headers: null},
+		{Topic: a, Key: []byte("z"), Value: []byte("{}"), Headers: null},
 		// Stamped an hour ahead: past the window and its skew.
-		{Topic: c, Key: []byte("w"), Value: []byte("{}"), Timestamp: time.Now().Add(time.Hour)},
+		{Topic: c, Key: []byte("w"), Value: []byte("{}"), Headers: null, Timestamp: time.Now().Add(time.Hour)},
 	}
 	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)

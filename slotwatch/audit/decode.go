@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/pgoutbox/pgoutbox/route"
 )
@@ -20,9 +21,13 @@ import (
 // records of both converters, and an audit reading them with one of the two
 // would call every event of the other missing. A value that is neither a
 // JSON string nor an envelope is the string converter's (a JSON number's
-// text is the id's text too). ok is false for a null.
+// text is the id's text too). ok is false for a null, and for a value no
+// converter the audit knows writes: one in the schema registry's framing
+// (Avro, Protobuf; a leading zero byte, which no text id has) or that is
+// not UTF-8. Taken as text, such a value would be an id no row has, and
+// every event of its topic would look missing instead of unread.
 func DecodeID(v []byte) (id string, ok bool) {
-	if v == nil {
+	if v == nil || len(v) > 0 && v[0] == 0 || !utf8.Valid(v) {
 		return "", false
 	}
 	switch {

@@ -221,7 +221,11 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 			"skipped_since", from, "skipped_until", to, "command", fmt.Sprintf("slotwatch audit -since %s -until %s", from, to))
 	}
 	if res.Unreadable > 0 {
-		w.o.Log.Warn("audit: records without an id the audit can read on the routed topics (another producer's, or a converter slotwatch is not told of: OUTBOX_ROUTE_HEADER_FORMAT)", "records", res.Unreadable,
+		w.o.Log.Warn("audit: records with an id the audit cannot read on the routed topics (a null, or a converter slotwatch does not know: the audit reads the string, json and json-schema converters' ids; OUTBOX_ROUTE_HEADER_FORMAT)", "records", res.Unreadable,
+			"topics", strings.Join(res.Topics, ","))
+	}
+	if res.Foreign > 0 {
+		w.o.Log.Warn("audit: records without an id header on the routed topics: another producer writes to them (they are not counted as deliveries)", "records", res.Foreign,
 			"topics", strings.Join(res.Topics, ","))
 	}
 	w.o.Log.Debug("audit: round done", "summary", res.Summary())
