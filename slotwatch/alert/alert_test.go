@@ -478,3 +478,46 @@ func TestAuditFailing(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditSkipped: a round that CatchUp bounded fires AuditSkipped with
+// the stretch and the command that audits it, for a day.
+func TestAuditSkipped(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	c := &clock{t: t0}
+	e := New(Options{Thresholds: th, WebhookURL: "http://127.0.0.1:1/", Now: c.now, Log: quietLog()}, nil)
+	p := watch.Pipeline{AuditInterval: time.Minute, AuditStarted: t0.Add(-time.Hour), AuditOKAt: t0}
+	report := func() watch.Report {
+		pp := p
+		return watch.Report{Server: watch.PipelineServer, Time: c.now(), Up: true, Collected: true, Pipeline: &pp}
+	}
+	fired := func() []string {
+		var out []string
+		for _, a := range queued(e) {
+			if a.Labels["alertname"] == AuditSkipped {
+				out = append(out, a.Status+": "+a.Annotations["description"])
+			}
+		}
+		return out
+	}
+	e.Observe(report())
+	if got := fired(); len(got) != 0 {
+		t.Fatalf("fired with nothing skipped: %v", got)
+	}
+	p.SkippedFrom, p.SkippedTo, p.SkippedAt = t0.Add(-8*time.Hour), t0.Add(-6*time.Hour), t0
+	e.Observe(report())
+	got := fired()
+	if len(got) != 1 || !strings.HasPrefix(got[0], "firing") ||
+		!strings.Contains(got[0], "slotwatch audit -since 2026-12-05T02:00:00Z -until 2026-12-05T04:00:00Z") {
+		t.Fatalf("AuditSkipped %v; want one firing with the command", got)
+	}
+	c.add(23 * time.Hour)
+	e.Observe(report())
+	if got := fired(); !strings.HasPrefix(got[len(got)-1], "firing") { // repeated
+		t.Fatalf("23 h after: %v; want still firing", got)
+	}
+	c.add(time.Hour)
+	e.Observe(report())
+	if got := fired(); !strings.HasPrefix(got[len(got)-1], "resolved") {
+		t.Fatalf("a day after: %v; want resolved", got)
+	}
+}

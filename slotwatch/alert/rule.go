@@ -26,6 +26,7 @@ const (
 	PipelineStalled           = "PipelineStalled"
 	EventsMissing             = "EventsMissing"
 	AuditFailing              = "AuditFailing"
+	AuditSkipped              = "AuditSkipped"
 )
 
 // Severities (the severity label).
@@ -99,6 +100,8 @@ func Rules() []Rule {
 			Condition: "slotwatch_audit_missing_events > 0: committed events older than SLOTWATCH_AUDIT_GRACE are not in Kafka", eval: evalMissing},
 		{Name: AuditFailing, Severity: Warning, For: 0,
 			Condition: "slotwatch_audit_age_seconds > 3 × SLOTWATCH_AUDIT_INTERVAL: no audit round succeeded in that time (since the start, before the first), so EventsMissing cannot fire", eval: evalAuditFailing},
+		{Name: AuditSkipped, Severity: Warning, For: 0,
+			Condition: "slotwatch_audit_skipped_seconds_total rose in the last day: a round resumed after failures would have reached back further than SLOTWATCH_AUDIT_CATCH_UP, and the events of the stretch before were audited by no round", eval: evalAuditSkipped},
 	}
 }
 
@@ -461,5 +464,29 @@ func evalAuditFailing(r *watch.Report, _ Thresholds) []finding {
 			"Until one does, slotwatch_audit_missing_events and EventsMissing show that last round and say nothing of events committed since. "+
 			"Check outbox_watch's grants (sql/006_watch.sql), the database and Kafka; `slotwatch audit -since …` runs the same audit and prints its error.",
 			p.AuditInterval, age.Round(time.Second), last, why),
+	}}
+}
+
+// auditSkippedFor is how long AuditSkipped fires after a round skipped a
+// stretch: nobody can acknowledge it to slotwatch, and a day is the
+// lookback of the shipped Prometheus rule (increase over 1d).
+const auditSkippedFor = 24 * time.Hour
+
+// evalAuditSkipped: a round resumed after failures was bounded by
+// SLOTWATCH_AUDIT_CATCH_UP, and the stretch before its start was audited
+// by no round. Only a one-shot audit covers it, and only while Kafka
+// still holds its records.
+func evalAuditSkipped(r *watch.Report, _ Thresholds) []finding {
+	p := r.Pipeline
+	if p == nil || p.SkippedAt.IsZero() || r.Time.Sub(p.SkippedAt) >= auditSkippedFor {
+		return nil
+	}
+	from, to := p.SkippedFrom.UTC().Format(time.RFC3339Nano), p.SkippedTo.UTC().Format(time.RFC3339Nano)
+	return []finding{{
+		value:   p.SkippedTo.Sub(p.SkippedFrom).Seconds(),
+		summary: fmt.Sprintf("No audit round covered the events created from %s to %s", from, to),
+		description: fmt.Sprintf("The continuous audit failed for longer than SLOTWATCH_AUDIT_CATCH_UP; the round that resumed at %s started at that bound, and the %s of the table before it were audited by no round: "+
+			"run `slotwatch audit -since %s -until %s` before Kafka's retention drops their records (then every one of them would look missing). "+
+			"This alert ends a day after the skip.", p.SkippedAt.UTC().Format(time.RFC3339), p.SkippedTo.Sub(p.SkippedFrom).Round(time.Second), from, to),
 	}}
 }

@@ -107,7 +107,10 @@ type Options struct {
 	// Resume, with Window, is where the last audit that succeeded ended
 	// (its Until): when it is earlier than now − Window, the window starts
 	// there instead, so that rounds failing for longer than the window
-	// leave no stretch of the table unaudited.
+	// leave no stretch of the table unaudited. Such a window ends no later
+	// than one Window after its start (Result.Behind): caught up one
+	// Window at a time, a round is no larger than a usual one, and one
+	// that failed for its size alone does not fail for ever.
 	Resume time.Time
 	// CatchUp bounds Resume: a window that Resume starts early starts no
 	// earlier than CatchUp before now, nor later than now − Window (0:
@@ -188,6 +191,10 @@ type Result struct {
 	// (Options.Resume) had CatchUp not bounded it: the events created from
 	// Skipped to Since were audited by no round.
 	Skipped time.Time
+	// Behind is true when a resumed window was cut at one Window: the
+	// events from Until to now − Grace are for the next round, which can
+	// start at once.
+	Behind bool
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -335,10 +342,11 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	if o.Now != nil {
 		now = o.Now()
 	}
+	resumed := false
 	if o.Since.IsZero() {
 		o.Since = now.Add(-o.Window)
 		if !o.Resume.IsZero() && o.Resume.Before(o.Since) {
-			o.Since = o.Resume
+			o.Since, resumed = o.Resume, true
 			if floor := now.Add(-o.CatchUp); o.CatchUp > 0 && o.Since.Before(floor) {
 				skipped, o.Since = o.Since, minTime(floor, now.Add(-o.Window))
 			}
@@ -348,7 +356,11 @@ func Run(ctx context.Context, db DB, cl *kgo.Client, o Options) (Result, error) 
 	if due := now.Add(-o.Grace); until.IsZero() || until.After(due) {
 		until = due
 	}
-	res := Result{Since: o.Since, Until: until, Skipped: skipped}
+	behind := false
+	if end := o.Since.Add(o.Window); resumed && end.Before(until) {
+		until, behind = end, true
+	}
+	res := Result{Since: o.Since, Until: until, Skipped: skipped, Behind: behind}
 	if !until.After(o.Since) {
 		res.Elapsed = time.Since(start)
 		return res, nil

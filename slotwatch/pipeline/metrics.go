@@ -24,6 +24,7 @@ type Metrics struct {
 	duration      prometheus.Gauge
 	auditAge      prometheus.GaugeFunc
 	auditInterval prometheus.Gauge
+	skipped       prometheus.Counter
 }
 
 // NewMetrics registers the metrics on reg; canaryAge reports the canary's
@@ -57,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer, canaryAge, auditAge func() float64) *
 			Name: "slotwatch_audit_events_total", Help: "Events judged by audit rounds (an event is judged in every round whose window holds it).",
 		}),
 		missing: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "slotwatch_audit_missing_events", Help: "Events the last audit round found in the table but not in Kafka past the grace period.",
+			Name: "slotwatch_audit_missing_events", Help: "Events the last audit round found in the table but not in Kafka past the grace period, plus those the rounds catching up a resumed stretch found, for one window after the last of them.",
 		}),
 		duplicated: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "slotwatch_audit_duplicated_events", Help: "Events the last audit round found more than once on their topic.",
@@ -82,6 +83,10 @@ func NewMetrics(reg prometheus.Registerer, canaryAge, auditAge func() float64) *
 			Name: "slotwatch_audit_age_seconds",
 			Help: "Time since an audit round last succeeded (since the continuous audit started, before the first; 0 when it is off).",
 		}, auditAge),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "slotwatch_audit_skipped_seconds_total",
+			Help: "Stretches of the outbox table's time that no round audited: a round resumed after failures would have reached back further than SLOTWATCH_AUDIT_CATCH_UP (AuditSkipped; slotwatch's log has the command that audits them).",
+		}),
 		auditInterval: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "slotwatch_audit_interval_seconds",
 			Help: "SLOTWATCH_AUDIT_INTERVAL (0: the continuous audit is off): AuditFailing fires when slotwatch_audit_age_seconds exceeds three of it.",
@@ -93,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer, canaryAge, auditAge func() float64) *
 	m.runs.WithLabelValues("error")
 	if reg != nil {
 		reg.MustRegister(m.canaryLatency, m.canaryAge, m.canaryTimeout, m.canarySent, m.canaryReceived, m.canaryErrors,
-			m.audited, m.missing, m.duplicated, m.deadLettered, m.runs, m.lastSuccess, m.duration, m.auditAge, m.auditInterval)
+			m.audited, m.missing, m.duplicated, m.deadLettered, m.runs, m.lastSuccess, m.duration, m.auditAge, m.auditInterval, m.skipped)
 	}
 	return m
 }

@@ -47,7 +47,6 @@ type Watch struct {
 	mu      sync.Mutex
 	audited bool
 	last    audit.Result
-	sample  []string
 	// The audit's health, for AuditFailing: when it started, when a
 	// round last succeeded, the rounds failed in a row since and the
 	// last one's error.
@@ -55,6 +54,19 @@ type Watch struct {
 	auditOKAt    time.Time
 	failures     int
 	lastErr      string
+	// missing and missingSample are what slotwatch_audit_missing_events
+	// and EventsMissing show: the last round's, plus what the rounds
+	// catching up a resumed stretch found (carried, with its sample) for
+	// one window after the last of them. Those rounds do not overlap as
+	// usual rounds do: without the carry, an event one of them found
+	// would show for one round only, or none when they run back to back.
+	missing       int64
+	missingSample []string
+	carried       int64
+	carriedSample []string
+	carriedUntil  time.Time
+	// The last stretch CatchUp left to no round, and when (AuditSkipped).
+	skippedFrom, skippedTo, skippedAt time.Time
 }
 
 // New returns the watch; Run starts it.
@@ -70,8 +82,8 @@ func (w *Watch) Report(now time.Time) watch.Report {
 	}
 	w.mu.Lock()
 	p.Audited = w.audited
-	p.Missing = w.last.Missing
-	p.Sample = append([]string(nil), w.sample...)
+	p.Missing = w.missing
+	p.Sample = append([]string(nil), w.missingSample...)
 	if w.audited {
 		p.Window = fmt.Sprintf("%s to %s", w.last.Since.UTC().Format(time.RFC3339), w.last.Until.UTC().Format(time.RFC3339))
 	}
@@ -85,6 +97,7 @@ func (w *Watch) auditState(p *watch.Pipeline) {
 	p.AuditInterval = w.o.AuditInterval
 	p.AuditStarted, p.AuditOKAt = w.auditStarted, w.auditOKAt
 	p.AuditFailures, p.AuditErr = w.failures, w.lastErr
+	p.SkippedFrom, p.SkippedTo, p.SkippedAt = w.skippedFrom, w.skippedTo, w.skippedAt
 }
 
 // AuditAge is how long no audit round has succeeded at now
@@ -145,21 +158,32 @@ func (w *Watch) auditLoop(ctx context.Context) error {
 		return fmt.Errorf("audit: Kafka client: %w", err)
 	}
 	defer cl.Close()
-	run := func(ctx context.Context, o audit.Options) (audit.Result, error) { return audit.Run(ctx, w.o.DB, cl, o) }
+	w.rounds(ctx, func(ctx context.Context, o audit.Options) (audit.Result, error) { return audit.Run(ctx, w.o.DB, cl, o) })
+	return nil
+}
+
+// rounds runs a round with run (audit.Run) every interval until ctx ends.
+func (w *Watch) rounds(ctx context.Context, run func(context.Context, audit.Options) (audit.Result, error)) {
 	t := time.NewTicker(w.o.AuditInterval)
 	defer t.Stop()
 	for {
-		w.round(ctx, run)
+		// A round catching up a resumed stretch one window at a time
+		// (audit.Result.Behind) is followed at once by the next: each
+		// advances the start by a window, so this ends.
+		for w.round(ctx, run) && ctx.Err() == nil {
+		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
 		}
 	}
 }
 
-// round audits the window that ends now − grace with run (audit.Run).
-func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Options) (audit.Result, error)) {
+// round audits the window that ends now − grace with run (audit.Run). It
+// returns true when the round succeeded behind: a resumed stretch is not
+// caught up yet.
+func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Options) (audit.Result, error)) bool {
 	o := w.o.Audit
 	// Both ends on the database's clock (audit.Run): Since is Window
 	// before its now, Until its now − grace.
@@ -186,7 +210,7 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	}
 	res, err := run(ctx, o)
 	if ctx.Err() != nil {
-		return
+		return false
 	}
 	m := w.o.Metrics
 	if err != nil {
@@ -196,11 +220,28 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 		w.lastErr = err.Error()
 		w.mu.Unlock()
 		w.o.Log.Warn("audit: round failed; the last round's figures stay (AuditFailing fires after three intervals without a success)", "err", err)
-		return
+		return false
 	}
+	now := time.Now()
+	w.mu.Lock()
+	if !w.carriedUntil.IsZero() && now.After(w.carriedUntil) {
+		w.carried, w.carriedSample, w.carriedUntil = 0, nil, time.Time{}
+	}
+	w.missing = res.Missing + w.carried
+	w.missingSample = firstN(append(append([]string(nil), w.carriedSample...), sample...), 5)
+	if res.Behind {
+		w.carried, w.carriedSample, w.carriedUntil = w.missing, w.missingSample, now.Add(w.o.AuditWindow)
+	}
+	shown := w.missing
+	if !res.Skipped.IsZero() {
+		w.skippedFrom, w.skippedTo, w.skippedAt = res.Skipped, res.Since, now
+	}
+	w.audited, w.last = true, res
+	w.auditOKAt, w.failures, w.lastErr = now, 0, ""
+	w.mu.Unlock()
 	m.runs.WithLabelValues("ok").Inc()
 	m.audited.Add(float64(res.Audited))
-	m.missing.Set(float64(res.Missing))
+	m.missing.Set(float64(shown))
 	m.duplicated.Set(float64(res.Duplicated))
 	m.deadLettered.Set(float64(res.DeadLettered))
 	m.lastSuccess.Set(float64(time.Now().UnixNano()) / 1e9)
@@ -214,6 +255,7 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 			"since", res.Since.UTC().Format(time.RFC3339Nano), "until", res.Until.UTC().Format(time.RFC3339Nano))
 	}
 	if !res.Skipped.IsZero() {
+		m.skipped.Add(res.Since.Sub(res.Skipped).Seconds())
 		// To the nanosecond: an -until cut to the second would leave the
 		// stretch's last fraction of a second to no audit.
 		from, to := res.Skipped.UTC().Format(time.RFC3339Nano), res.Since.UTC().Format(time.RFC3339Nano)
@@ -228,9 +270,17 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 		w.o.Log.Warn("audit: records without an id header on the routed topics: another producer writes to them (they are not counted as deliveries)", "records", res.Foreign,
 			"topics", strings.Join(res.Topics, ","))
 	}
+	if res.Behind {
+		w.o.Log.Info("audit: catching up where the last round that succeeded ended, one SLOTWATCH_AUDIT_WINDOW a round; the next round starts at once",
+			"since", res.Since.UTC().Format(time.RFC3339Nano), "until", res.Until.UTC().Format(time.RFC3339Nano), "missing", res.Missing)
+	}
 	w.o.Log.Debug("audit: round done", "summary", res.Summary())
-	w.mu.Lock()
-	w.audited, w.last, w.sample = true, res, sample
-	w.auditOKAt, w.failures, w.lastErr = time.Now(), 0, ""
-	w.mu.Unlock()
+	return res.Behind
+}
+
+func firstN(s []string, n int) []string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }

@@ -187,3 +187,103 @@ func TestAuditRoundLogsSkipped(t *testing.T) {
 		t.Errorf("a round that skipped nothing logged a skip:\n%s", lb.b.String())
 	}
 }
+
+// TestAuditCatchesUpBackToBack: after rounds failed for longer than the
+// window, the resumed stretch is caught up one window a round
+// (audit.Result.Behind), the rounds back to back without waiting for the
+// interval; what the catching-up rounds found missing stays in
+// slotwatch_audit_missing_events and the report (EventsMissing) for a
+// window after the last of them, not only for the round that found it.
+func TestAuditCatchesUpBackToBack(t *testing.T) {
+	w, lb := testWatch(t)
+	w.o.AuditInterval = time.Hour // the loop must not wait for it
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	var resumes []time.Time
+	rounds := 0
+	run := func(_ context.Context, o audit.Options) (audit.Result, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		rounds++
+		resumes = append(resumes, o.Resume)
+		switch {
+		case rounds == 1: // the last success before an outage
+			return audit.Result{Since: t0.Add(-15 * time.Minute), Until: t0}, nil
+		case rounds <= 4: // three windows behind; the second finds 2 missing
+			miss := 0
+			if rounds == 3 {
+				miss = 2
+				o.OnMissing(audit.Missing{ID: "lost-1"})
+				o.OnMissing(audit.Missing{ID: "lost-2"})
+			}
+			return audit.Result{Since: o.Resume, Until: o.Resume.Add(15 * time.Minute), Missing: int64(miss), Behind: true}, nil
+		}
+		// Caught up: then the loop waits for the interval.
+		return audit.Result{Since: o.Resume, Until: o.Resume.Add(5 * time.Minute)}, nil
+	}
+	w.round(ctx, run) // the success before the outage
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.rounds(ctx, run)
+	}()
+	caughtUp := t0.Add(50 * time.Minute)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		w.mu.Lock()
+		until := w.last.Until
+		w.mu.Unlock()
+		if until.Equal(caughtUp) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the catch-up rounds did not reach %s back to back (last until %s)", caughtUp, until)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // a sixth round now would not wait for the interval
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	want := []time.Time{{}, t0, t0.Add(15 * time.Minute), t0.Add(30 * time.Minute), t0.Add(45 * time.Minute)}
+	if !slices.EqualFunc(resumes, want, time.Time.Equal) || rounds != 5 {
+		t.Errorf("%d rounds resumed at %v; want 5 at %v", rounds, resumes, want)
+	}
+	rep := w.Report(time.Now()).Pipeline
+	if rep.Missing != 2 || !slices.Equal(rep.Sample, []string{"lost-1", "lost-2"}) || value(t, w.o.Metrics.missing) != 2 {
+		t.Errorf("after catching up: report %d missing %v, gauge %v; want the 2 found while catching up", rep.Missing, rep.Sample, value(t, w.o.Metrics.missing))
+	}
+	if lb.count("audit: catching up") != 3 {
+		t.Errorf("catch-up rounds not logged:\n%s", lb.b.String())
+	}
+	// A window later the carried figure is dropped: the next round's own.
+	w.mu.Lock()
+	w.carriedUntil = time.Now().Add(-time.Second)
+	w.mu.Unlock()
+	w.round(context.Background(), auditFinding(1, nil))
+	if rep := w.Report(time.Now()).Pipeline; rep.Missing != 1 || value(t, w.o.Metrics.missing) != 1 {
+		t.Errorf("a window after: %d missing; want the round's own 1", rep.Missing)
+	}
+}
+
+// TestAuditSkippedCounted: a stretch CatchUp left to no round is counted
+// in slotwatch_audit_skipped_seconds_total and named in the report, for
+// AuditSkipped.
+func TestAuditSkippedCounted(t *testing.T) {
+	w, _ := testWatch(t)
+	since := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	w.round(context.Background(), func(_ context.Context, o audit.Options) (audit.Result, error) {
+		return audit.Result{Since: since, Until: since.Add(15 * time.Minute), Skipped: since.Add(-2 * time.Hour)}, nil
+	})
+	w.round(context.Background(), func(_ context.Context, o audit.Options) (audit.Result, error) {
+		return audit.Result{Since: since.Add(time.Minute), Until: since.Add(16 * time.Minute)}, nil
+	})
+	if got := value(t, w.o.Metrics.skipped); got != 7200 {
+		t.Errorf("slotwatch_audit_skipped_seconds_total %v; want 7200", got)
+	}
+	p := w.Report(time.Now()).Pipeline
+	if !p.SkippedFrom.Equal(since.Add(-2*time.Hour)) || !p.SkippedTo.Equal(since) || p.SkippedAt.IsZero() {
+		t.Errorf("report: skipped %s to %s at %s; want %s to %s", p.SkippedFrom, p.SkippedTo, p.SkippedAt, since.Add(-2*time.Hour), since)
+	}
+}

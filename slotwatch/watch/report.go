@@ -80,6 +80,12 @@ type Pipeline struct {
 	AuditOKAt     time.Time     `json:"audit_last_success,omitzero"`
 	AuditFailures int           `json:"audit_failures"`
 	AuditErr      string        `json:"audit_error,omitempty"`
+	// SkippedFrom to SkippedTo is the last stretch of the table's time
+	// that no round audited (SLOTWATCH_AUDIT_CATCH_UP bounded the round
+	// resumed after failures); SkippedAt is when that round ran.
+	SkippedFrom time.Time `json:"audit_skipped_from,omitzero"`
+	SkippedTo   time.Time `json:"audit_skipped_to,omitzero"`
+	SkippedAt   time.Time `json:"audit_skipped_at,omitzero"`
 }
 
 // AuditAge is how long no audit round has succeeded at now: since the
