@@ -215,7 +215,7 @@ func (r Result) Summary() string {
 		unreadable = fmt.Sprintf(" and %d with an id the audit cannot read (a null, or a converter it does not know: check the topics)", r.Unreadable)
 	}
 	if r.Foreign > 0 {
-		unreadable += fmt.Sprintf(" and %d without an id header (another producer's)", r.Foreign)
+		unreadable += fmt.Sprintf(" and %d without an id header (another producer's; if all are, the topics may be a service's own: audit those with -match key)", r.Foreign)
 	}
 	return fmt.Sprintf("audited %d events created from %s to %s: %d missing, %d duplicated, %d dead-lettered; read %d records%s from %s in %s",
 		r.Audited, r.Since.UTC().Format(time.RFC3339), r.Until.UTC().Format(time.RFC3339),

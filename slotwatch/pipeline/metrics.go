@@ -58,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer, canaryAge, auditAge func() float64) *
 			Name: "slotwatch_audit_events_total", Help: "Events judged by audit rounds (an event is judged in every round whose window holds it).",
 		}),
 		missing: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "slotwatch_audit_missing_events", Help: "Events the last audit round found in the table but not in Kafka past the grace period, plus those the rounds catching up a resumed stretch found, for one window after the last of them.",
+			Name: "slotwatch_audit_missing_events", Help: "Events the last audit round found in the table but not in Kafka past the grace period, and after rounds catching up a resumed stretch back to back, what all of them found, until the round after the last of them.",
 		}),
 		duplicated: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "slotwatch_audit_duplicated_events", Help: "Events the last audit round found more than once on their topic.",

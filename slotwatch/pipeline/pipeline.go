@@ -55,16 +55,19 @@ type Watch struct {
 	failures     int
 	lastErr      string
 	// missing and missingSample are what slotwatch_audit_missing_events
-	// and EventsMissing show: the last round's, plus what the rounds
-	// catching up a resumed stretch found (carried, with its sample) for
-	// one window after the last of them. Those rounds do not overlap as
-	// usual rounds do: without the carry, an event one of them found
-	// would show for one round only, or none when they run back to back.
+	// and EventsMissing show: the last round's, and after rounds catching
+	// up a resumed stretch back to back, what all of them found (carried,
+	// with its sample), until the round after the last of them. Without
+	// the carry, an event a catching-up round found would show for the
+	// moment until the next one, which starts at once. Held no longer:
+	// those windows are judged once, and an event the relay was still
+	// publishing from its own backlog would be held missing falsely; and
+	// the next usual round overlaps the last of them, so adding its
+	// figure would count an event twice.
 	missing       int64
 	missingSample []string
 	carried       int64
 	carriedSample []string
-	carriedUntil  time.Time
 	// The last stretch CatchUp left to no round, and when (AuditSkipped).
 	skippedFrom, skippedTo, skippedAt time.Time
 }
@@ -224,13 +227,11 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	}
 	now := time.Now()
 	w.mu.Lock()
-	if !w.carriedUntil.IsZero() && now.After(w.carriedUntil) {
-		w.carried, w.carriedSample, w.carriedUntil = 0, nil, time.Time{}
-	}
 	w.missing = res.Missing + w.carried
 	w.missingSample = firstN(append(append([]string(nil), w.carriedSample...), sample...), 5)
+	w.carried, w.carriedSample = 0, nil
 	if res.Behind {
-		w.carried, w.carriedSample, w.carriedUntil = w.missing, w.missingSample, now.Add(w.o.AuditWindow)
+		w.carried, w.carriedSample = w.missing, w.missingSample
 	}
 	shown := w.missing
 	if !res.Skipped.IsZero() {
