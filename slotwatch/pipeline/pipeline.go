@@ -57,13 +57,14 @@ type Watch struct {
 	// missing and missingSample are what slotwatch_audit_missing_events
 	// and EventsMissing show: the last round's, and after rounds catching
 	// up a resumed stretch back to back, what all of them found (carried,
-	// with its sample), until the round after the last of them. Without
+	// with its sample), for one interval after the last of them. Without
 	// the carry, an event a catching-up round found would show for the
 	// moment until the next one, which starts at once. Held no longer:
-	// those windows are judged once, and an event the relay was still
-	// publishing from its own backlog would be held missing falsely; and
-	// the next usual round overlaps the last of them, so adding its
-	// figure would count an event twice.
+	// those windows are judged once, so an event the relay was still
+	// publishing from its own backlog is reported missing (as the single
+	// resumed round did before), and holding it would prolong that false
+	// alert; and the next usual round overlaps the last of them, so adding
+	// its figure would count an event twice.
 	missing       int64
 	missingSample []string
 	carried       int64
@@ -173,7 +174,16 @@ func (w *Watch) rounds(ctx context.Context, run func(context.Context, audit.Opti
 		// A round catching up a resumed stretch one window at a time
 		// (audit.Result.Behind) is followed at once by the next: each
 		// advances the start by a window, so this ends.
+		caughtUp := false
 		for w.round(ctx, run) && ctx.Err() == nil {
+			caughtUp = true
+		}
+		if caughtUp {
+			// The sum the catching-up rounds found shows for a whole
+			// interval: a tick left waiting while they ran would start
+			// the next round, which replaces it, at once (Reset drops
+			// it, since Go 1.23), before a scrape or a report saw it.
+			t.Reset(w.o.AuditInterval)
 		}
 		select {
 		case <-ctx.Done():

@@ -196,18 +196,39 @@ func TestAuditRoundLogsSkipped(t *testing.T) {
 // interval's round after them, not replaced by the next one at once.
 func TestAuditCatchesUpBackToBack(t *testing.T) {
 	w, lb := testWatch(t)
-	w.o.AuditInterval = time.Hour // the loop must not wait for it
+	// The catching-up rounds take longer than the interval together, so a
+	// tick waits when they end: the sum they found must still show for an
+	// interval, not be replaced by a round that tick starts at once
+	// (review: it showed for a round's length only).
+	const interval = 300 * time.Millisecond
+	w.o.AuditInterval = interval
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	var resumes []time.Time
+	var lastEnd, nextStart time.Time
+	shownBeforeNext := int64(-1)
 	rounds := 0
 	run := func(_ context.Context, o audit.Options) (audit.Result, error) {
+		if rounds >= 2 && rounds <= 4 {
+			time.Sleep(interval / 2) // a catching-up round's Kafka read
+		}
+		if rounds == 5 { // the round after catching up
+			shownBeforeNext = w.Report(time.Now()).Pipeline.Missing
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		rounds++
 		resumes = append(resumes, o.Resume)
+		if rounds == 6 {
+			nextStart = time.Now()
+			cancel()
+			return audit.Result{}, ctx.Err()
+		}
+		if rounds == 5 {
+			defer func() { lastEnd = time.Now() }()
+		}
 		switch {
 		case rounds == 1: // the last success before an outage
 			return audit.Result{Since: t0.Add(-15 * time.Minute), Until: t0}, nil
@@ -229,27 +250,28 @@ func TestAuditCatchesUpBackToBack(t *testing.T) {
 		defer close(done)
 		w.rounds(ctx, run)
 	}()
-	caughtUp := t0.Add(50 * time.Minute)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		w.mu.Lock()
-		until := w.last.Until
-		w.mu.Unlock()
-		if until.Equal(caughtUp) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the catch-up rounds did not reach %s back to back (last until %s)", caughtUp, until)
-		}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatal("the rounds did not end")
 	}
-	time.Sleep(100 * time.Millisecond) // a sixth round now would not wait for the interval
-	cancel()
-	<-done
 	mu.Lock()
 	defer mu.Unlock()
-	want := []time.Time{{}, t0, t0.Add(15 * time.Minute), t0.Add(30 * time.Minute), t0.Add(45 * time.Minute)}
-	if !slices.EqualFunc(resumes, want, time.Time.Equal) || rounds != 5 {
-		t.Errorf("%d rounds resumed at %v; want 5 at %v", rounds, resumes, want)
+	caughtUp := t0.Add(50 * time.Minute)
+	want := []time.Time{{}, t0, t0.Add(15 * time.Minute), t0.Add(30 * time.Minute), t0.Add(45 * time.Minute), caughtUp}
+	if !slices.EqualFunc(resumes, want, time.Time.Equal) || rounds != 6 {
+		t.Errorf("%d rounds resumed at %v; want 6 at %v (the 3 behind back to back)", rounds, resumes, want)
 	}
+	if gap := nextStart.Sub(lastEnd); gap < interval*8/10 {
+		t.Errorf("the round after catching up started %s after it; want an interval (%s): the sum showed for no time", gap, interval)
+	}
+	if shownBeforeNext != 2 {
+		t.Errorf("just before the next round the report showed %d missing; want the 2 found while catching up", shownBeforeNext)
+	}
+	w.mu.Lock()
+	w.last.Until = caughtUp // the sixth round was cancelled
+	w.mu.Unlock()
 	rep := w.Report(time.Now()).Pipeline
 	if rep.Missing != 2 || !slices.Equal(rep.Sample, []string{"lost-1", "lost-2"}) || value(t, w.o.Metrics.missing) != 2 {
 		t.Errorf("after catching up: report %d missing %v, gauge %v; want the 2 found while catching up", rep.Missing, rep.Sample, value(t, w.o.Metrics.missing))
