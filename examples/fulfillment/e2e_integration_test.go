@@ -406,19 +406,8 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 	aloLines := logs.lines(`msg="duplicate delivery skipped" flow=fulfillment-alo `)
 	t.Logf("outbox:     %d orders, %d fulfilled, %d shipments, %d charges, %d orders charged twice; %d duplicate deliveries reached the inbox (exactly-once relay; %d log lines), %d dead-lettered; %d failed placements (rolled back, no order)",
 		oc.orders, oc.fulfilled, oc.shipments, oc.charges, oc.chargedTwice, ost.Duplicates, len(dupLines), ost.DeadLettered, placeErrs.Load())
-	topicDups := func(c *testenv.Consumer) int {
-		seen := map[string]bool{}
-		n := 0
-		for _, r := range c.Records() {
-			id := testenv.Header(r, "id")
-			if seen[id] {
-				n++
-			}
-			seen[id] = true
-		}
-		return n
-	}
-	relayDups, aloRelayDups := topicDups(inTopic), topicDups(inAloTopic)
+	_, relayDups := idCounts(inTopic)
+	_, aloRelayDups := idCounts(inAloTopic)
 	t.Logf("duplicates the relays put in the topics (read_committed): exactly-once %d, at-least-once %d", relayDups, aloRelayDups)
 	if relayDups != 0 {
 		t.Errorf("the exactly-once relay put %d duplicates in %s; want 0", relayDups, fulfill.Topic)
@@ -479,13 +468,23 @@ func TestOrdersSurviveRelayCrashesAndBrokerOutages(t *testing.T) {
 	}
 }
 
-// distinctIDs counts the distinct id headers a consumer of a topic read.
-func distinctIDs(c *testenv.Consumer) int {
+// idCounts counts the distinct id headers a consumer of a topic read, and
+// the records beyond the first of each id (duplicates).
+func idCounts(c *testenv.Consumer) (distinct, dups int) {
 	seen := map[string]bool{}
 	for _, r := range c.Records() {
-		seen[testenv.Header(r, "id")] = true
+		id := testenv.Header(r, "id")
+		if seen[id] {
+			dups++
+		}
+		seen[id] = true
 	}
-	return len(seen)
+	return len(seen), dups
+}
+
+func distinctIDs(c *testenv.Consumer) int {
+	n, _ := idCounts(c)
+	return n
 }
 
 func firstOf(s []string) string {

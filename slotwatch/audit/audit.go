@@ -598,7 +598,7 @@ func readKafka(ctx context.Context, cl *kgo.Client, topics []string, o Options, 
 	lo, hi := o.Since.Add(-o.Skew), until.Add(o.Skew)
 	inWindow := func(r *kgo.Record) bool { return !r.Timestamp.Before(lo) && r.Timestamp.Before(hi) }
 	adm := kadm.NewClient(cl)
-	from := o.Since.Add(-o.Skew).UnixMilli()
+	from := lo.UnixMilli()
 	starts, err := adm.ListOffsetsAfterMilli(ctx, from, topics...)
 	if err != nil {
 		return c, fmt.Errorf("list the offsets at %s: %w", time.UnixMilli(from).UTC().Format(time.RFC3339), err)

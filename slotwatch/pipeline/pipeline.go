@@ -56,8 +56,9 @@ type Watch struct {
 	lastErr      string
 	// missing and missingSample are what slotwatch_audit_missing_events
 	// and EventsMissing show: the last round's, and after rounds catching
-	// up a resumed stretch back to back, what all of them found (carried,
-	// with its sample), for one interval after the last of them. Without
+	// up a resumed stretch back to back, what all of them found (each
+	// round adds its own to what the last showed while that one was
+	// Behind), for one interval after the last of them. Without
 	// the carry, an event a catching-up round found would show for the
 	// moment until the next one, which starts at once. Held no longer:
 	// those windows are judged once, so an event the relay was still
@@ -67,8 +68,6 @@ type Watch struct {
 	// its figure would count an event twice.
 	missing       int64
 	missingSample []string
-	carried       int64
-	carriedSample []string
 	// The last stretch CatchUp left to no round, and when (AuditSkipped).
 	skippedFrom, skippedTo, skippedAt time.Time
 }
@@ -237,12 +236,13 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	}
 	now := time.Now()
 	w.mu.Lock()
-	w.missing = res.Missing + w.carried
-	w.missingSample = firstN(append(append([]string(nil), w.carriedSample...), sample...), 5)
-	w.carried, w.carriedSample = 0, nil
-	if res.Behind {
-		w.carried, w.carriedSample = w.missing, w.missingSample
+	var carried int64
+	var shownSample []string
+	if w.last.Behind { // a failed round in between leaves w.last as it was
+		carried, shownSample = w.missing, append(shownSample, w.missingSample...)
 	}
+	shownSample = append(shownSample, sample...)
+	w.missing, w.missingSample = res.Missing+carried, shownSample[:min(len(shownSample), 5)]
 	shown := w.missing
 	if !res.Skipped.IsZero() {
 		w.skippedFrom, w.skippedTo, w.skippedAt = res.Skipped, res.Since, now
@@ -255,7 +255,7 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	m.missing.Set(float64(shown))
 	m.duplicated.Set(float64(res.Duplicated))
 	m.deadLettered.Set(float64(res.DeadLettered))
-	m.lastSuccess.Set(float64(time.Now().UnixNano()) / 1e9)
+	m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
 	m.duration.Set(res.Elapsed.Seconds())
 	for _, ev := range found {
 		w.o.Log.Warn("audit: event missing from Kafka", "id", ev.ID, "aggregatetype", ev.AggregateType,
@@ -287,11 +287,4 @@ func (w *Watch) round(ctx context.Context, run func(context.Context, audit.Optio
 	}
 	w.o.Log.Debug("audit: round done", "summary", res.Summary())
 	return res.Behind
-}
-
-func firstN(s []string, n int) []string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }
