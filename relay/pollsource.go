@@ -84,7 +84,7 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	rd, err := poll.Open(stop.read, conn, poll.Config{
-		Schema: r.schema, Table: r.table, Key: r.router.Config().FieldEventKey,
+		Schema: r.schema, Table: r.table, Key: r.router.Config().FieldEventKey, ID: r.router.Config().FieldEventID,
 		Buckets: r.cfg.PollBuckets, Batch: r.cfg.PollBatch, BatchBytes: r.cfg.PollBatchBytes,
 		Silence: r.cfg.LeaseTTL,
 	})

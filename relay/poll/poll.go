@@ -43,6 +43,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/internal/rowsecurity"
 )
 
 // Config is what a Reader reads.
@@ -51,6 +53,10 @@ type Config struct {
 	// Key is the column whose value picks the bucket (the router's
 	// table.field.event.key, aggregateid by default).
 	Key string
+	// ID is the event id column (the router's table.field.event.id, id by
+	// default). A mark names each row by its seq and its id: seq alone is
+	// not unique after a cutover that kept the rows but not the sequence.
+	ID string
 	// Buckets is how many buckets the rows are spread over; every reader
 	// of a table must use the same number (Open refuses another).
 	Buckets int
@@ -77,6 +83,11 @@ var ErrNotSession = errors.New("poll mode needs one server session per connectio
 // ErrNotMarked says rows could not be marked published although the
 // UPDATE succeeded: something in the database discards it.
 var ErrNotMarked = errors.New("poll mode could not mark rows published: the UPDATE of published_at changed fewer rows than it was given, with no error; a row-level security policy without UPDATE, a BEFORE UPDATE trigger returning NULL or a rule discards it, and every row would be published again and again. Let the relay's role update published_at")
+
+// ErrMarkedMore says a mark would have changed more rows than the batch
+// read: rows share their seq and id (a copy loaded twice). Nothing is
+// marked; publishing on could mark a row never read.
+var ErrMarkedMore = errors.New("poll mode: a mark would change more rows than were read, so rows share their seq and event id (a copy of the outbox loaded twice?); nothing was marked. Remove the duplicate rows")
 
 // ErrProducerStopped says the producer ended before a batch was delivered
 // (its own error says why).
@@ -166,9 +177,42 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 	if !key {
 		return nil, fmt.Errorf("%w: %s has no column %q (the router's table.field.event.key), which picks each row's bucket", ErrNotPrepared, name, cfg.Key)
 	}
+	// Row-level security that applies to the relay's role would hide rows
+	// from every read and from the oldest-row check alike: their events
+	// never published, nothing noticing. Refused now; and with
+	// row_security off, a policy enabled later fails the reads instead.
+	r.Queries("check")
+	if err := rowsecurity.Check(ctx, r.conn, name, "poll mode"); err != nil {
+		if errors.Is(err, rowsecurity.ErrApplies) {
+			return nil, fmt.Errorf("%w: %w", ErrNotPrepared, err)
+		}
+		return nil, err
+	}
+	if _, err := r.exec(ctx, rowsecurity.Off); err != nil {
+		return nil, fmt.Errorf("poll mode: %s: %w", rowsecurity.Off, err)
+	}
+	if cfg.ID == "" {
+		cfg.ID, r.cfg.ID = "id", "id"
+	}
+	var hasID bool
+	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, name, cfg.ID).Scan(&hasID); err != nil {
+		return nil, fmt.Errorf("poll mode: inspect %s: %w", name, err)
+	}
+	if !hasID {
+		return nil, fmt.Errorf("%w: %s has no column %q (the router's table.field.event.id), which names each row a mark publishes", ErrNotPrepared, name, cfg.ID)
+	}
+	if err := r.checkSequence(ctx, name); err != nil {
+		return nil, err
+	}
 	q := pgx.Identifier{r.seq}.Sanitize()
-	r.mark = fmt.Sprintf("UPDATE %s SET %s = now() WHERE %s = ANY($1) AND %s IS NULL", name, Published, q, Published)
-	r.unmark = fmt.Sprintf("SELECT count(*) FROM %s WHERE %s = ANY($1) AND %s IS NULL", name, q, Published)
+	id := pgx.Identifier{cfg.ID}.Sanitize()
+	// A row is named by its seq and its event id: seq alone is not unique
+	// once a cutover kept the rows but not the sequence (or an operator
+	// inserted OVERRIDING SYSTEM VALUE), and marking by it marked rows of
+	// other buckets that nobody had read. The seq lets the partial index
+	// find the row; the id tells it apart.
+	r.mark = fmt.Sprintf("UPDATE %[1]s t SET %[2]s = now() FROM unnest($1::bigint[], $2::text[]) AS m(seq, id) WHERE t.%[3]s = m.seq AND t.%[4]s::text = m.id AND t.%[2]s IS NULL", name, Published, q, id)
+	r.unmark = fmt.Sprintf("SELECT count(*) FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s::text = m.id WHERE t.%[2]s IS NULL", name, Published, q, id)
 	created := "NULL::timestamptz"
 	var hasCreated bool
 	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'created_at' AND NOT attisdropped AND atttypid = 'timestamptz'::regtype)`, name).Scan(&hasCreated); err != nil {
@@ -555,11 +599,35 @@ func (r *Reader) Mark(ctx context.Context, rows []Row) error {
 		return nil
 	}
 	seqs := make([]int64, len(rows))
+	ids := make([]string, len(rows))
 	for i, row := range rows {
 		seqs[i] = row.Seq
+		at := slices.IndexFunc(row.Fields, func(f pgconn.FieldDescription) bool { return f.Name == r.cfg.ID })
+		if at < 0 || row.Values[at] == nil {
+			return fmt.Errorf("poll mode: a row of %s.%s (seq %d) has no event id in column %q; nothing was marked", r.cfg.Schema, r.cfg.Table, row.Seq, r.cfg.ID)
+		}
+		ids[i] = string(row.Values[at])
 	}
 	r.Queries("mark")
-	tag, err := r.exec(ctx, r.mark, seqs)
+	// A transaction, so that a mark that would change more rows than were
+	// read (rows sharing their seq and id) is undone, not committed.
+	tctx, cancel := r.bound(ctx)
+	defer cancel()
+	tx, err := r.conn.Begin(tctx)
+	if err != nil {
+		r.last = time.Now()
+		return fmt.Errorf("poll mode: mark %d rows of %s.%s published: %w", len(rows), r.cfg.Schema, r.cfg.Table, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	tag, err := tx.Exec(tctx, r.mark, seqs, ids)
+	if err == nil && int(tag.RowsAffected()) > len(rows) {
+		r.last = time.Now()
+		return fmt.Errorf("%w (%d rows matched the %d read of %s.%s)", ErrMarkedMore, tag.RowsAffected(), len(rows), r.cfg.Schema, r.cfg.Table)
+	}
+	if err == nil {
+		err = tx.Commit(tctx)
+	}
+	r.last = time.Now()
 	if err != nil {
 		return fmt.Errorf("poll mode: mark %d rows of %s.%s published: %w", len(rows), r.cfg.Schema, r.cfg.Table, err)
 	}
@@ -568,11 +636,64 @@ func (r *Reader) Mark(ctx context.Context, rows []Row) error {
 	}
 	var left int
 	r.Queries("mark")
-	if err := r.queryRow(ctx, r.unmark, seqs).Scan(&left); err != nil {
+	if err := r.queryRow(ctx, r.unmark, seqs, ids).Scan(&left); err != nil {
 		return fmt.Errorf("poll mode: count the rows of %s.%s left unmarked: %w", r.cfg.Schema, r.cfg.Table, err)
 	}
 	if left > 0 {
 		return fmt.Errorf("%w (%d of %d rows of %s.%s)", ErrNotMarked, left, len(rows), r.cfg.Schema, r.cfg.Table)
+	}
+	return nil
+}
+
+// querySeqAhead reads, for the sequence filling the seq column ($2 of the
+// table $1), the value it hands out next (NULL: the role may not read it)
+// and the largest seq in the table: of all rows where an index leads with
+// seq (the variant's unique index: cheap), else of the unpublished ones
+// (the partial index; enough for the order of what is still to publish).
+const querySeqAhead = `SELECT CASE WHEN s.last_value IS NULL AND has_sequence_privilege(s.seq, 'SELECT, USAGE') THEN q.seqstart
+            WHEN s.last_value IS NULL THEN NULL ELSE s.last_value + q.seqincrement END,
+       s.seq::text, q.seqincrement
+FROM (SELECT pg_get_serial_sequence($1, $2)::regclass AS seq) x
+CROSS JOIN LATERAL (SELECT x.seq, (SELECT last_value FROM pg_sequences WHERE format('%I.%I', schemaname, sequencename)::regclass = x.seq) AS last_value) s
+JOIN pg_sequence q ON q.seqrelid = s.seq`
+
+// checkSequence refuses a sequence behind the table: a cutover that kept
+// the rows but not the sequence (logical replication carries no sequence
+// values; a restore of the table alone; ALTER SEQUENCE ... RESTART) would
+// hand new events values that older unpublished events of their aggregate
+// already have or exceed, so they would be published before them, and
+// share their values.
+func (r *Reader) checkSequence(ctx context.Context, name string) error {
+	var next *int64
+	var seqName string
+	var inc int64
+	r.Queries("check")
+	if err := r.queryRow(ctx, querySeqAhead, name, r.seq).Scan(&next, &seqName, &inc); err != nil {
+		return fmt.Errorf("poll mode: read the sequence of %s.%s: %w", name, r.seq, err)
+	}
+	if next == nil {
+		return fmt.Errorf("%w: the relay's role cannot read the sequence %s that fills %s.%s, so it cannot check that the sequence is ahead of the table (a cutover that kept the rows but not the sequence reorders and loses events); GRANT SELECT ON SEQUENCE %s TO the relay's role (sql/variants/outbox_poll.sql does it for outbox_poller)", ErrNotPrepared, seqName, name, r.seq, seqName)
+	}
+	if inc <= 0 {
+		return fmt.Errorf("%w: the sequence %s that fills %s.%s counts down (INCREMENT %d): later events would sort first; it must count up", ErrNotPrepared, seqName, name, r.seq, inc)
+	}
+	col := pgx.Identifier{r.seq}.Sanitize()
+	var indexed bool
+	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+		WHERE i.indrelid = $1::regclass AND a.attname = $2 AND i.indpred IS NULL AND i.indexprs IS NULL)`, name, r.seq).Scan(&indexed); err != nil {
+		return fmt.Errorf("poll mode: inspect the indexes of %s: %w", name, err)
+	}
+	q := fmt.Sprintf("SELECT max(%s)::bigint FROM %s", col, name)
+	if !indexed {
+		q += fmt.Sprintf(" WHERE %s IS NULL", Published)
+	}
+	var most *int64
+	if err := r.queryRow(ctx, q).Scan(&most); err != nil {
+		return fmt.Errorf("poll mode: read the largest %s of %s: %w", r.seq, name, err)
+	}
+	if most != nil && *next <= *most {
+		return fmt.Errorf("%w: the sequence %s hands out %d next, but %s already holds %s = %d (a cutover or copy that kept the rows but not the sequence?): new events would be published before older ones of their aggregate, and share values with them. Move the sequence past the table, as its owner: SELECT setval('%s', (SELECT max(%s) FROM %s))",
+			ErrNotPrepared, seqName, *next, name, r.seq, *most, seqName, col, name)
 	}
 	return nil
 }

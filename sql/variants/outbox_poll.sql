@@ -23,6 +23,25 @@ ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS published_at timestamptz;
 -- marked and vacuumed).
 CREATE INDEX IF NOT EXISTS outbox_unpublished_idx ON public.outbox (seq) WHERE published_at IS NULL;
 
+-- seq names a row (with its id) when the relay marks it, and orders an
+-- aggregate's events: two rows must never share it. A cutover that keeps the
+-- rows but not the sequence (logical replication carries no sequence values,
+-- a restore of the table alone) leaves the sequence behind; the relay refuses
+-- to start then, naming the setval that fixes it, and this index makes a
+-- writer fail loudly rather than take a value an older row has. A unique
+-- index of a partitioned table must include its partition key, so there seq
+-- is only indexed (the relay's start check reads its largest value through
+-- it); the start check and the relay's mark by seq and id cover the rest.
+DO $$
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'public.outbox'::regclass) = 'p' THEN
+        CREATE INDEX IF NOT EXISTS outbox_seq_idx ON public.outbox (seq);
+    ELSE
+        CREATE UNIQUE INDEX IF NOT EXISTS outbox_seq_key ON public.outbox (seq);
+    END IF;
+END
+$$;
+
 -- A wake-up hint: one NOTIFY per inserting statement, so the relay polls at
 -- once instead of at its next interval. Only a hint (NOTIFY is at most once
 -- and does not pass a transaction pooler): the interval is the safety net.
@@ -71,4 +90,10 @@ END
 $$;
 GRANT USAGE ON SCHEMA public TO outbox_poller;
 GRANT SELECT, UPDATE (published_at) ON public.outbox TO outbox_poller;
+-- The relay checks at start that the sequence is ahead of the table.
+DO $$
+BEGIN
+    EXECUTE format('GRANT SELECT ON SEQUENCE %s TO outbox_poller', pg_get_serial_sequence('public.outbox', 'seq'));
+END
+$$;
 GRANT SELECT, INSERT ON public.outbox_dead_letter TO outbox_poller;
