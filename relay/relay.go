@@ -530,6 +530,9 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 				return 0, st, nil, err
 			}
 		}
+		if err := r.checkRowSecurity(ctx, conn); err != nil {
+			return 0, st, nil, err
+		}
 		w := windowOf(st)
 		n, err := r.checkRecoverable(ctx, conn, st, w)
 		if err != nil {
@@ -570,6 +573,11 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		// be complete.
 		messages := hasState && st.SystemID == systemID && st.MessagesSeen
 		if initial {
+			// Before the slot exists: a snapshot that cannot be read whole
+			// is refused before it pins WAL.
+			if err := r.checkRowSecurity(ctx, conn); err != nil {
+				return 0, st, nil, err
+			}
 			// Record the intent before the slot exists: CREATE_REPLICATION_SLOT
 			// makes a persistent slot at once, and if anything fails before
 			// the snapshot is recorded as done (importing it, the state

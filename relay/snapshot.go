@@ -2,12 +2,15 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/rowsecurity"
 	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
+	"github.com/pgoutbox/pgoutbox/relay/fatal"
 	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
 	"github.com/pgoutbox/pgoutbox/relay/wal"
@@ -45,12 +48,39 @@ func (r *Relay) openSnapshot(ctx context.Context, name string, window *recoveryW
 			return nil, fmt.Errorf("import snapshot %q: %w", name, err)
 		}
 	}
+	// Row-level security must not filter what the snapshot publishes: a
+	// policy that applies to this role is refused, and with row_security
+	// off the reads fail rather than skip should one apply anyway.
+	if err := r.checkRowSecurity(ctx, tx); err != nil {
+		conn.Close(ctx)
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL row_security = off"); err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("snapshot: SET LOCAL row_security = off: %w", err)
+	}
 	p, err := checkpoint.ScanPoint(tx.QueryRow(ctx, checkpoint.QueryPoint))
 	if err != nil {
 		conn.Close(ctx)
 		return nil, fmt.Errorf("read the snapshot's transaction horizon: %w", err)
 	}
 	return &snapshot{conn: conn, tx: tx, window: window, point: p}, nil
+}
+
+// checkRowSecurity refuses, as the deployment's to fix, a read of the
+// outbox table (the initial snapshot, a recovery's window) that row-level
+// security could filter for the connector's role: the rows it hides would
+// be skipped, and the snapshot or the recovery recorded complete.
+func (r *Relay) checkRowSecurity(ctx context.Context, q rowsecurity.Querier) error {
+	what := "the initial snapshot"
+	if r.cfg.OnSlotLoss == "recover" {
+		what = "the initial snapshot and slot recovery"
+	}
+	err := rowsecurity.Check(ctx, q, pgx.Identifier{r.schema, r.table}.Sanitize(), what)
+	if errors.Is(err, rowsecurity.ErrApplies) {
+		return &fatal.Error{Msg: "OUTBOX_TABLE", Err: err}
+	}
+	return err
 }
 
 // close ends the snapshot's transaction and connection, within a few
