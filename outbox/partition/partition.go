@@ -7,7 +7,27 @@
 //
 // Partitions are UTC days named <table>_pYYYYMMDD; partitions with other
 // names (the DEFAULT partition, a partition an operator made by hand) are
-// never dropped.
+// never dropped. On an outbox prepared for the poll relay
+// (sql/variants/outbox_poll.sql), an expired partition that holds a row not
+// published yet (published_at NULL) is kept, and reported, until the row
+// is published: the check is made in the drop's transaction, under an
+// ACCESS EXCLUSIVE lock on the partition, so a row written into that day
+// while maintenance runs is either committed before the check, which sees
+// it, or waits for the drop and then goes to DEFAULT (whose expired rows
+// are deleted only once published): never dropped unseen.
+//
+// Maintenance never queues writers behind it for long. A drop takes
+// ACCESS EXCLUSIVE on the outbox, and a lock request that waits (for a
+// long transaction that read the outbox, which holds ACCESS SHARE until it
+// ends) makes every INSERT wait behind it. So each lock request waits at
+// most 50 ms, then leaves the queue and is made again after a pause
+// (jittered, growing to about a second) until LockTimeout is spent: an
+// INSERT waits at most about 50 ms behind maintenance, plus the DROP
+// itself, a catalog change of a moment. A step whose locks are not granted
+// in LockTimeout fails for this run, naming the lock and the usual holder,
+// a long transaction on the outbox; the next run retries it. (DETACH
+// PARTITION ... CONCURRENTLY, which writers would not wait for, is refused
+// on a table with a DEFAULT partition.)
 //
 // A row written for a day that has no partition lands in the DEFAULT
 // partition, and PostgreSQL then refuses to create that day's partition
@@ -25,9 +45,9 @@
 // refused (that day's create fails with the reason, its rows stay in
 // DEFAULT, the rest of maintenance goes on). Attaching takes a SHARE UPDATE
 // EXCLUSIVE lock on the parent, which writers do not wait for, and ACCESS
-// EXCLUSIVE on the DEFAULT partition; each is waited for at most
-// LockTimeout and held at most MoveTimeout. DEFAULT rows whose day expired
-// are deleted like a dropped partition's.
+// EXCLUSIVE on the DEFAULT partition, requested as above and held at most
+// MoveTimeout. DEFAULT rows whose day expired are deleted like a dropped
+// partition's.
 //
 // Writers: while a move holds the DEFAULT partition, a transaction writing
 // a row for a day without a partition waits, and a row of the day being
@@ -49,8 +69,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // DB is what Maintain needs: *pgx.Conn and *pgxpool.Pool have it.
@@ -77,8 +100,12 @@ type Config struct {
 	// that a maintenance run that fails for a day does not send inserts to
 	// the DEFAULT partition.
 	Ahead int
-	// LockTimeout bounds the wait for each lock maintenance takes, so that
-	// it never queues writers behind it for long (default 5s).
+	// LockTimeout bounds how long each step (a creation, a drop, a batch of
+	// expired DEFAULT rows) tries to get its locks (default 5s): each
+	// request waits at most 50 ms, which is thus the longest a writer
+	// queues behind it, and is made again after a pause, jittered and
+	// growing to about a second, until LockTimeout is spent; then the step
+	// fails for this run and the next run tries again.
 	LockTimeout time.Duration
 	// MoveTimeout bounds how long each of maintenance's transactions (a
 	// creation with the move of its day's DEFAULT rows, a drop, a batch of
@@ -199,19 +226,15 @@ func Maintain(ctx context.Context, db DB, cfg Config) (Result, error) {
 		if end := day.AddDate(0, 0, 1); !end.Before(cutoff) {
 			continue
 		}
-		if pending, err := unpublished(ctx, db, pgx.Identifier{schema, name}.Sanitize()); err != nil || pending {
-			if err == nil {
-				err = errors.New("it holds rows a poll-mode relay has not published yet (published_at NULL); it is dropped once they are")
-			}
+		switch err := dropExpired(ctx, db, cfg, parent, pgx.Identifier{schema, name}.Sanitize(), def); {
+		case errors.Is(err, errGone): // dropped by another run since the list
+		case errors.Is(err, errUnpublished):
 			errs = append(errs, fmt.Errorf("partition: keep %s: %w", name, err))
-			continue
-		}
-		stmt := "DROP TABLE IF EXISTS " + pgx.Identifier{schema, name}.Sanitize()
-		if err := inTx(ctx, db, cfg, func(step stepFunc, _ queryFunc) error { _, err := step(stmt); return err }); err != nil {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("partition: drop %s: %w", name, err))
-			continue
+		default:
+			res.Dropped = append(res.Dropped, name)
 		}
-		res.Dropped = append(res.Dropped, name)
 	}
 	if def != "" {
 		n, err := deleteExpiredDefault(ctx, db, cfg, def, expiredBefore(cutoff))
@@ -273,6 +296,10 @@ func defaultPartition(ctx context.Context, db DB, parent string) (string, error)
 // so no row for the day can slip into DEFAULT between the move and the
 // attach. The parent is locked before the DEFAULT partition, in the order
 // ATTACH itself locks them, so two maintenance runs cannot deadlock.
+// Neither request makes writers of days that have their partition wait;
+// the DEFAULT one makes writers of partition-less days (whose rows go to
+// DEFAULT) queue behind it, for one attempt at most (see lockAttempt),
+// and then wait for the move while it holds DEFAULT.
 //
 // The move must publish nothing, under any publication. A standalone table
 // in the outbox's schema is published by FOR ALL TABLES and FOR TABLES IN
@@ -440,22 +467,105 @@ func refuseUnverifiedMove(query queryFunc, schema, parent, part, def, from, to s
 		day.Format("2006-01-02"), major, verifiedMajors[0], verifiedMajors[1], strings.Join(pubs, ", "), part, def, parent, parent)
 }
 
-// deleteExpiredBatch is the DEFAULT partition's expired rows per DELETE.
-const deleteExpiredBatch = 10000
+// errUnpublished is why dropExpired keeps a partition.
+var errUnpublished = errors.New("it holds rows a poll-mode relay has not published yet (published_at NULL); it is dropped once they are")
 
-// deleteExpiredDefault deletes the rows of def dated before before, in
-// batches, each its own transaction.
+// errGone: the partition dropExpired was to drop no longer exists (another
+// maintenance run dropped it since this one listed the partitions).
+var errGone = errors.New("no longer exists")
+
+// dropExpired drops part, an expired partition of parent (def is parent's
+// DEFAULT partition, "" when none), unless it holds rows a poll-mode relay
+// has not published yet (errUnpublished).
+//
+// The check for such rows and the drop are one transaction, the check made
+// under an ACCESS EXCLUSIVE lock on part. Checked outside it, this happened:
+// a writer's transaction inserts a row dated in the expired day (still
+// uncommitted, the check cannot see it); the check finds no unpublished
+// row; the writer commits; the drop takes the row, the event's only copy,
+// with it. An insert (and the relay's UPDATE of published_at) holds ROW
+// EXCLUSIVE on the partition until its transaction ends, so the lock is
+// granted only once the inserts in flight have committed, and the check
+// sees their rows, or rolled back. A later one waits for the drop, and then
+// routes its row to DEFAULT, or, if it holds the parent already, makes this
+// attempt give up (below) and goes first.
+//
+// The locks are taken in this order, each its own statement so that each
+// wait is one attempt's (see lockAttempt) and is named when it fails:
+//  1. part: the check, which may read the partition (through the poll
+//     variant's index on unpublished rows when there is one), holds only
+//     that expired day, which no writer of the current days needs.
+//  2. parent: DROP of a partition takes ACCESS EXCLUSIVE on the parent,
+//     which every writer needs (INSERT takes ROW EXCLUSIVE on it), held
+//     only for the DROP itself, a catalog change of a moment.
+//  3. def: DROP locks the DEFAULT partition after the parent (its implicit
+//     constraint changes), as create and ATTACH lock them; without a wait,
+//     so that writers wait for one attempt's lock request at most, plus
+//     the DROP.
+//
+// Part before parent is the reverse of an inserter's order (the parent,
+// then the partition its row is routed to): an inserter of the expired day
+// that holds the parent and waits for part, while the drop waits for the
+// parent, is a cycle that the attempt's lock timeout ends, well before
+// deadlock_timeout; the attempt is rolled back, the insert goes on, and the
+// next attempt's check sees its row.
+//
+// DETACH PARTITION ... CONCURRENTLY would take only SHARE UPDATE EXCLUSIVE
+// on the parent, which writers never wait for, but PostgreSQL refuses it on
+// a table with a DEFAULT partition ("cannot detach partitions concurrently
+// when a default partition exists", SQLSTATE 55000, checked by
+// TestMaintainDoesNotQueueWriters), which sql/variants/outbox_partitioned.sql
+// creates; it cannot run in a transaction block either, so the check could
+// not share its transaction. Short, retried lock attempts bound the writers'
+// wait instead.
+func dropExpired(ctx context.Context, db DB, cfg Config, parent, part, def string) error {
+	return inTx(ctx, db, cfg, func(step stepFunc, query queryFunc) error {
+		if _, err := step("LOCK TABLE ONLY " + part + " IN ACCESS EXCLUSIVE MODE"); err != nil {
+			if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+				return errGone
+			}
+			return err
+		}
+		if pending, err := unpublished(query, part); err != nil || pending {
+			if err == nil {
+				err = errUnpublished
+			}
+			return err
+		}
+		if _, err := step("LOCK TABLE ONLY " + parent + " IN ACCESS EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+		if def != "" {
+			// NOWAIT: every writer waits while the parent is held. Once it
+			// is, nobody who goes through the parent holds DEFAULT (they
+			// all ended before the parent was granted), so DEFAULT is free
+			// but for a session that locked it by name; that makes this
+			// attempt give up at once instead of holding the parent for
+			// another wait.
+			if _, err := step("LOCK TABLE ONLY " + def + " IN ACCESS EXCLUSIVE MODE NOWAIT"); err != nil {
+				return err
+			}
+		}
+		_, err := step("DROP TABLE " + part)
+		return err
+	})
+}
+
 // unpublished reports whether the partition part (quoted) holds rows a
 // poll-mode relay has not published yet: on a table prepared for poll mode
 // (sql/variants/outbox_poll.sql adds published_at) the table is the only
 // copy of an event until then, so dropping the partition would lose it.
-func unpublished(ctx context.Context, db DB, part string) (bool, error) {
+func unpublished(query queryFunc, part string) (bool, error) {
 	exists := func(q string, args ...any) (bool, error) {
-		rows, err := db.Query(ctx, q, args...)
+		rows, err := query(q, args...)
 		if err != nil {
-			return false, err
+			return false, fmt.Errorf("look for unpublished rows in %s: %w", part, err)
 		}
-		return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+		has, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+		if err != nil {
+			return false, fmt.Errorf("look for unpublished rows in %s: %w", part, err)
+		}
+		return has, nil
 	}
 	has, err := exists(`SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'published_at' AND NOT attisdropped)`, part)
 	if err != nil || !has {
@@ -464,6 +574,12 @@ func unpublished(ctx context.Context, db DB, part string) (bool, error) {
 	return exists(`SELECT EXISTS (SELECT 1 FROM ` + part + ` WHERE published_at IS NULL)`)
 }
 
+// deleteExpiredBatch is the DEFAULT partition's expired rows per DELETE.
+const deleteExpiredBatch = 10000
+
+// deleteExpiredDefault deletes the rows of def dated before before, in
+// batches, each its own transaction. Its DELETE takes ROW EXCLUSIVE on def,
+// which writers do not wait for.
 func deleteExpiredDefault(ctx context.Context, db DB, cfg Config, def string, before time.Time) (int64, error) {
 	// Rows a poll-mode relay has not published yet stay (see unpublished).
 	stmt := `DELETE FROM ` + def + ` WHERE ctid = ANY(ARRAY(
@@ -524,15 +640,98 @@ type stepFunc func(sql string, args ...any) (pgconn.CommandTag, error)
 // timeouts as a step.
 type queryFunc func(sql string, args ...any) (pgx.Rows, error)
 
-// inTx runs f in a transaction whose lock waits are bounded by LockTimeout
-// and whose whole run by MoveTimeout: before each statement, the
+// lockAttempt is how long each lock request of maintenance waits
+// (lock_timeout) before it leaves the queue, to try again after a pause
+// (lockRetry) while LockTimeout lasts. A request that waits makes every
+// later request that conflicts with it wait behind it: while maintenance
+// waits for ACCESS EXCLUSIVE on the outbox (for a drop) or on its DEFAULT
+// partition (for a create), every INSERT into it queues too, although its
+// ROW EXCLUSIVE lock conflicts only with ours, for as long as a long
+// transaction that read the outbox keeps its ACCESS SHARE lock. So
+// lockAttempt is the longest a writer waits behind a lock request of
+// maintenance. It must still outlast the transactions that hold the table
+// when the request is made (those that come later queue behind it): an
+// outbox write commits within milliseconds of its INSERT, and the
+// transactions around it mostly within a few tens. 50 ms does both: on a
+// busy outbox most attempts succeed, and a writer's INSERT waits at most
+// 50 ms per attempt. It is also far under deadlock_timeout (1 s by
+// default), so that a lock-order cycle with an inserter (see dropExpired)
+// ends by our timeout, the writer going first, before the deadlock
+// detector picks either.
+const lockAttempt = 50 * time.Millisecond
+
+// lockRetry spaces the attempts of one step: 25 to 50 ms after the first,
+// then twice as long each time up to 0.5 to 1 s, so that writers run
+// freely most of the time while a long transaction blocks maintenance
+// (about ten attempts in the default 5 s). The jitter keeps two
+// maintenance runs, or a periodic blocker, from falling into step.
+func lockRetry() *backoff.ExponentialBackOff {
+	return retry.Jittered(50*time.Millisecond, time.Second)
+}
+
+// lockNotGranted is a lock request of an attempt that timed out (55P03),
+// or that the server ended to break a deadlock (40P01): the attempt's
+// transaction is rolled back whole, and another attempt is as safe.
+type lockNotGranted struct {
+	what string
+	err  error
+}
+
+func (e *lockNotGranted) Error() string { return e.what + " not granted: " + e.err.Error() }
+func (e *lockNotGranted) Unwrap() error { return e.err }
+
+var lockStmtRE = regexp.MustCompile(`^LOCK TABLE ONLY (\S+) IN ([A-Z ]+) MODE( NOWAIT)?$`)
+
+// lockOf names what the statement sql waited for.
+func lockOf(sql string) string {
+	if m := lockStmtRE.FindStringSubmatch(sql); m != nil {
+		return m[2] + " lock on " + m[1]
+	}
+	if first, _, _ := strings.Cut(sql, "\n"); len(first) > 60 || first != sql {
+		sql = first[:min(len(first), 60)] + "…"
+	}
+	return "a lock for " + sql
+}
+
+// inTx runs f in a transaction (see attemptTx), and again in a new one
+// while one of its lock requests is not granted within lockAttempt, with
+// pauses (lockRetry), until LockTimeout is spent: then it fails for this
+// run, naming the lock and the usual holder, and the next run tries again.
+// No writer waits behind maintenance for longer than one attempt.
+func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc, query queryFunc) error) error {
+	budget := time.Now().Add(cfg.LockTimeout)
+	pauses := lockRetry()
+	for attempt := 1; ; attempt++ {
+		// lock_timeout 0 would be no limit at all.
+		err := attemptTx(ctx, db, cfg, max(min(lockAttempt, time.Until(budget)), time.Millisecond), f)
+		var notGranted *lockNotGranted
+		if !errors.As(err, &notGranted) {
+			return err
+		}
+		left := time.Until(budget)
+		if left <= 0 {
+			return fmt.Errorf("%s not granted within %s (LockTimeout; %d attempts of at most %s, so that writers never queued behind one longer): "+
+				"a long transaction on the outbox holds a conflicting lock (a session that read or wrote it and has not ended: "+
+				"an audit snapshot, a session idle in transaction; see pg_locks, pg_stat_activity); the next run retries: %w",
+				notGranted.what, cfg.LockTimeout, attempt, lockAttempt, notGranted.err)
+		}
+		t := time.NewTimer(min(pauses.NextBackOff(), left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (while retrying after: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// attemptTx runs f in a transaction whose lock waits are bounded by
+// lockWait and whose whole run by MoveTimeout: before each statement, the
 // statement_timeout is set to what is left of MoveTimeout, so that the
 // server itself cancels a statement that would hold the locks longer (a
 // client-side deadline alone would leave the statement running on the
-// server after the connection is dropped). A long transaction holding the
-// outbox then makes maintenance give up instead of queueing every writer
-// behind its lock request.
-func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc, query queryFunc) error) error {
+// server after the connection is dropped).
+func attemptTx(ctx context.Context, db DB, cfg Config, lockWait time.Duration, f func(step stepFunc, query queryFunc) error) error {
 	deadline := time.Now().Add(cfg.MoveTimeout)
 	// The client-side deadline is a backstop, a second after the server's.
 	tctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
@@ -542,7 +741,7 @@ func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc, query qu
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	if _, err := tx.Exec(tctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
+	if _, err := tx.Exec(tctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", lockWait.Milliseconds())); err != nil {
 		return err
 	}
 	limit := func() error {
@@ -560,8 +759,8 @@ func inTx(ctx context.Context, db DB, cfg Config, f func(step stepFunc, query qu
 		tag, err := tx.Exec(tctx, sql, args...)
 		var pgErr *pgconn.PgError
 		switch {
-		case errors.As(err, &pgErr) && pgErr.Code == "55P03":
-			return tag, fmt.Errorf("lock not granted within %s (a long transaction on the outbox?); the next run retries: %w", cfg.LockTimeout, err)
+		case errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01"):
+			return tag, &lockNotGranted{what: lockOf(sql), err: err}
 		case errors.As(err, &pgErr) && pgErr.Code == "57014":
 			return tag, fmt.Errorf("not done within %s (MoveTimeout), rolled back; the next run retries: %w", cfg.MoveTimeout, err)
 		}
