@@ -46,7 +46,7 @@ func (s *Settings) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.B
 	b.Duration(&s.Interval, "interval", "MAINTAIN_INTERVAL", 0, "run every interval until stopped (0: once)")
 	b.Int(&s.Ahead, "ahead", "MAINTAIN_AHEAD", 2, "days of partitions to create after today")
 	b.Int(&s.Batch, "batch", "MAINTAIN_BATCH", 1000, "rows per DELETE in delete mode")
-	b.Duration(&s.LockTimeout, "lock-timeout", "MAINTAIN_LOCK_TIMEOUT", 5*time.Second, "longest wait for each lock in partitions mode")
+	b.Duration(&s.LockTimeout, "lock-timeout", "MAINTAIN_LOCK_TIMEOUT", 5*time.Second, "how long each step of partitions mode keeps asking for its locks (each request waits at most 50 ms, so writers never queue behind it for longer)")
 	b.Duration(&s.MoveTimeout, "move-timeout", "MAINTAIN_MOVE_TIMEOUT", 30*time.Second,
 		"longest run (and lock hold) of each partition creation, with its move of DEFAULT rows, or drop")
 	return b
