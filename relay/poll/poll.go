@@ -89,6 +89,11 @@ var ErrNotMarked = errors.New("poll mode could not mark rows published: the UPDA
 // marked; publishing on could mark a row never read.
 var ErrMarkedMore = errors.New("poll mode: a mark would change more rows than were read, so rows share their seq and event id (a copy of the outbox loaded twice?); nothing was marked. Remove the duplicate rows")
 
+// ErrMarkLocked says rows of a batch could not be marked because another
+// transaction holds a row lock on them; the others were marked. Mark again
+// later, holding the batch: ending the session would publish it again.
+var ErrMarkLocked = errors.New("poll mode: rows Kafka has could not be marked published yet")
+
 // ErrProducerStopped says the producer ended before a batch was delivered
 // (its own error says why).
 var ErrProducerStopped = errors.New("poll mode: the producer stopped")
@@ -107,10 +112,11 @@ type Reader struct {
 	memb int32  // and for membership
 	own  []int  // buckets held, sorted
 
-	query  string // the read's SQL for the buckets held
-	mark   string
-	unmark string // counts the rows of a mark still unpublished
-	oldest string // the oldest unpublished row
+	query    string // the read's SQL for the buckets held
+	mark     string
+	markFree string // marks the rows of a batch not locked (markUnlocked)
+	unmark   string // counts the rows of a mark still unpublished
+	oldest   string // the oldest unpublished row
 
 	last time.Time // the last statement's end
 
@@ -212,6 +218,12 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 	// other buckets that nobody had read. The seq lets the partial index
 	// find the row; the id tells it apart.
 	r.mark = fmt.Sprintf("UPDATE %[1]s t SET %[2]s = now() FROM unnest($1::bigint[], $2::text[]) AS m(seq, id) WHERE t.%[3]s = m.seq AND t.%[4]s::text = m.id AND t.%[2]s IS NULL", name, Published, q, id)
+	// The rows of a batch no other transaction has locked, marked, and
+	// how many are locked (unpublished, not taken).
+	r.markFree = fmt.Sprintf(`WITH want AS (SELECT t.%[3]s AS seq, t.%[4]s::text AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s::text = m.id WHERE t.%[2]s IS NULL),
+free AS (SELECT t.%[3]s AS seq, t.%[4]s::text AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s::text = m.id WHERE t.%[2]s IS NULL FOR UPDATE OF t SKIP LOCKED),
+done AS (UPDATE %[1]s t SET %[2]s = now() FROM free WHERE t.%[3]s = free.seq AND t.%[4]s::text = free.id AND t.%[2]s IS NULL RETURNING 1)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM want) - (SELECT count(*) FROM free)`, name, Published, q, id)
 	r.unmark = fmt.Sprintf("SELECT count(*) FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s::text = m.id WHERE t.%[2]s IS NULL", name, Published, q, id)
 	created := "NULL::timestamptz"
 	var hasCreated bool
@@ -619,7 +631,20 @@ func (r *Reader) Mark(ctx context.Context, rows []Row) error {
 		return fmt.Errorf("poll mode: mark %d rows of %s.%s published: %w", len(rows), r.cfg.Schema, r.cfg.Table, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-	tag, err := tx.Exec(tctx, r.mark, seqs, ids)
+	// A row lock held on a row of the batch (an operator fixing a payload
+	// in place, an UPDATE ... SET published_at = NULL left open) is not
+	// waited for until the statement's bound cancels the mark and ends the
+	// session, whose next owner would publish the whole batch again, and
+	// again: the wait is bounded, and then what is not locked is marked.
+	tag, err := tx.Exec(tctx, markLockTimeout)
+	if err == nil {
+		tag, err = tx.Exec(tctx, r.mark, seqs, ids)
+	}
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		_ = tx.Rollback(tctx)
+		r.last = time.Now()
+		return r.markUnlocked(ctx, seqs, ids, err)
+	}
 	if err == nil && int(tag.RowsAffected()) > len(rows) {
 		r.last = time.Now()
 		return fmt.Errorf("%w (%d rows matched the %d read of %s.%s)", ErrMarkedMore, tag.RowsAffected(), len(rows), r.cfg.Schema, r.cfg.Table)
@@ -643,6 +668,42 @@ func (r *Reader) Mark(ctx context.Context, rows []Row) error {
 		return fmt.Errorf("%w (%d of %d rows of %s.%s)", ErrNotMarked, left, len(rows), r.cfg.Schema, r.cfg.Table)
 	}
 	return nil
+}
+
+// markLockTimeout bounds a mark's wait for a row lock another transaction
+// holds on a row of its batch. Nothing in the relay's own path locks outbox
+// rows for long (writers insert, upkeep's table locks wait at most 50 ms):
+// a lock held past a second is an operator's, which may last an hour.
+const markLockTimeout = "SET LOCAL lock_timeout = '1s'"
+
+// markUnlocked marks the rows of the batch that no other transaction has
+// locked (SKIP LOCKED), after a mark timed out waiting for one, and
+// returns ErrMarkLocked: the caller holds the batch and marks again later,
+// rather than ending the session (see Mark).
+func (r *Reader) markUnlocked(ctx context.Context, seqs []int64, ids []string, cause error) error {
+	tctx, cancel := r.bound(ctx)
+	defer cancel()
+	defer func() { r.last = time.Now() }()
+	tx, err := r.conn.Begin(tctx)
+	if err != nil {
+		return fmt.Errorf("poll mode: mark the rows not locked of %s.%s: %w", r.cfg.Schema, r.cfg.Table, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var marked, locked int64
+	_, err = tx.Exec(tctx, markLockTimeout)
+	if err == nil {
+		err = tx.QueryRow(tctx, r.markFree, seqs, ids).Scan(&marked, &locked)
+	}
+	if err == nil && marked > int64(len(seqs)) {
+		return fmt.Errorf("%w (%d rows matched the %d read of %s.%s)", ErrMarkedMore, marked, len(seqs), r.cfg.Schema, r.cfg.Table)
+	}
+	if err == nil {
+		err = tx.Commit(tctx)
+	}
+	if err != nil {
+		return fmt.Errorf("poll mode: mark the rows not locked of %s.%s: %w", r.cfg.Schema, r.cfg.Table, err)
+	}
+	return fmt.Errorf("%w: %d of the batch's rows are locked by another transaction (an open UPDATE or SELECT ... FOR UPDATE on %s.%s: see pg_locks), %d others marked: %w", ErrMarkLocked, locked, r.cfg.Schema, r.cfg.Table, marked, cause)
 }
 
 // querySeqAhead reads, for the sequence filling the seq column ($2 of the
