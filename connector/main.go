@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -26,6 +27,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/cli"
 	iconfig "github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/probe"
+	"github.com/pgoutbox/pgoutbox/internal/rowsecurity"
 	"github.com/pgoutbox/pgoutbox/internal/tracing"
 	"github.com/pgoutbox/pgoutbox/internal/webconfig"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -316,6 +318,8 @@ func memoryLimitText(set int64) string {
 type backfillFlags struct {
 	from, to, aggType, where, name, timeColumn string
 	batch                                      int
+	retryFor                                   time.Duration
+	retryFailed                                bool
 }
 
 func (f *backfillFlags) bind(fs *flag.FlagSet) {
@@ -326,6 +330,8 @@ func (f *backfillFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.name, "name", "", "backfill: the run's name in public.outbox_backfill (default: from the selection, so the same command resumes)")
 	fs.StringVar(&f.timeColumn, "time-column", "created_at", "backfill: the column the range applies to")
 	fs.IntVar(&f.batch, "batch", 1000, "backfill: rows read, published and recorded at a time")
+	fs.DurationVar(&f.retryFor, "retry-for", 5*time.Minute, "backfill: how long a row whose routing failed for a passing reason (the schema registry) is retried, with backoff, before the run stops unfinished (the same command resumes before that row)")
+	fs.BoolVar(&f.retryFailed, "retry-failed", false, "backfill: first publish again the run's rows recorded failed (public.outbox_backfill_failed), with the current settings; give the flags the run was started with")
 }
 
 // backfillCmd publishes again the outbox rows the flags choose.
@@ -354,12 +360,26 @@ func backfillCmd(ctx context.Context, cfg config.Config, f backfillFlags, log *s
 	if f.batch < 1 || f.batch > 100000 {
 		return fmt.Errorf("connector backfill -batch %d: want 1 to 100000", f.batch)
 	}
+	if f.retryFor <= 0 {
+		return fmt.Errorf("connector backfill -retry-for %s: want a positive duration, e.g. 5m", f.retryFor)
+	}
 	router, cl, err := publisher(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	pool, err := pgxpool.New(ctx, cfg.PGDSN)
+	pcfg, err := pgxpool.ParseConfig(cfg.PGDSN)
+	if err != nil {
+		return fmt.Errorf("OUTBOX_PG_DSN: %w", config.Redact(err, cfg.PGDSN))
+	}
+	// The backfill refuses a table whose policies apply to its role
+	// (rowsecurity.Check); row_security off makes a policy that starts
+	// to apply during the run fail its reads rather than filter them.
+	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, rowsecurity.Off)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("OUTBOX_PG_DSN: %w", config.Redact(err, cfg.PGDSN))
 	}
@@ -373,7 +393,7 @@ func backfillCmd(ctx context.Context, cfg config.Config, f backfillFlags, log *s
 		return errors.New("connector backfill -aggregate-type: the router routes by no column (route.by.field is empty)")
 	}
 	b := &backfill.Backfiller{
-		Pool: pool, Router: router, Client: cl, MaxMessageBytes: cfg.MaxMessageBytes, Batch: f.batch,
+		Pool: pool, Router: router, Client: cl, MaxMessageBytes: cfg.MaxMessageBytes, Batch: f.batch, RetryFor: f.retryFor, RetryFailed: f.retryFailed,
 		Progress: stdout, Log: log.With("component", "backfill"),
 		TopicCreate: cfg.TopicCreate, TopicPartitions: int32(cfg.TopicPartitions), TopicReplication: int16(cfg.TopicReplicationFactor), TopicConfigs: cfg.TopicConfigs,
 	}
@@ -382,7 +402,8 @@ func backfillCmd(ctx context.Context, cfg config.Config, f backfillFlags, log *s
 		return fmt.Errorf("backfill %s: %w", res.Name, err)
 	}
 	if res.Failed > 0 {
-		return fmt.Errorf("backfill %s: %d rows could not be published (see the log for each id and why)", res.Name, res.Failed)
+		return fmt.Errorf("backfill %s has rows not published (%d); their ids and why are in %s (%s); once fixed, run the same command with -retry-failed",
+			res.Name, res.Failed, backfill.FailedTable, backfill.FailedQuery(res.Name))
 	}
 	return nil
 }

@@ -82,3 +82,17 @@ CREATE TABLE IF NOT EXISTS public.outbox_backfill (
     updated_at  timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz
 );
+
+-- Rows a backfill could not publish and will not by retrying as they are
+-- (unroutable, or larger than OUTBOX_KAFKA_MAX_MESSAGE_BYTES): the event id
+-- and why, written in the same transaction as the progress that moves past
+-- them, so that a finished run with rows here is never a plain "done".
+-- connector backfill -retry-failed publishes them again and deletes those
+-- that went out. Deleting the run's outbox_backfill row deletes its rows here.
+CREATE TABLE IF NOT EXISTS public.outbox_backfill_failed (
+    name      text        NOT NULL REFERENCES public.outbox_backfill (name) ON DELETE CASCADE,
+    id        text        NOT NULL,
+    reason    text        NOT NULL,
+    failed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, id)
+);

@@ -35,3 +35,4 @@ GRANT SELECT, INSERT, DELETE ON public.outbox_dead_letter TO outbox_connector; -
 ALTER TABLE public.outbox_connector_state OWNER TO outbox_connector;
 ALTER TABLE public.outbox_lease OWNER TO outbox_connector;
 ALTER TABLE public.outbox_backfill OWNER TO outbox_connector;
+GRANT SELECT, INSERT, UPDATE, DELETE ON public.outbox_backfill_failed TO outbox_connector; -- backfill's unpublished rows

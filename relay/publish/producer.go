@@ -323,7 +323,12 @@ func intendedTopic(err error) string {
 	return ""
 }
 
-func recordSize(r *kgo.Record) int {
+// RecordSize is the size a record is held to against
+// OUTBOX_KAFKA_MAX_MESSAGE_BYTES: never below what it takes in a record
+// batch of its own (TestRecordSizeCoversBatch), headers included, so that a
+// record it passes is one Kafka can take. Every publisher of the connector
+// (the producer, dead letters, connector backfill) measures with it.
+func RecordSize(r *kgo.Record) int {
 	n := len(r.Key) + len(r.Value) + len(r.Topic) + 64
 	for _, h := range r.Headers {
 		n += len(h.Key) + len(h.Value) + 8
@@ -338,7 +343,7 @@ func (p *Producer) produce(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 	if p.cfg.Headers != nil {
 		rec.Headers = append(rec.Headers, p.cfg.Headers()...)
 	}
-	if size := recordSize(rec); size > p.cfg.MaxMessageBytes {
+	if size := RecordSize(rec); size > p.cfg.MaxMessageBytes {
 		cause := &route.Error{Class: route.ClassTooLarge, Msg: fmt.Sprintf("record of about %d bytes is over the %d-byte limit (OUTBOX_KAFKA_MAX_MESSAGE_BYTES)", size, p.cfg.MaxMessageBytes)}
 		return p.deadLetterTable(ctx, ev, id, rec.Topic, cause)
 	}
@@ -758,7 +763,7 @@ func (p *Producer) deadLetter(ctx context.Context, ev wal.Event, id rowID, inten
 	if p.cfg.Headers != nil {
 		rec.Headers = append(rec.Headers, p.cfg.Headers()...)
 	}
-	if recordSize(rec) > p.cfg.MaxMessageBytes {
+	if RecordSize(rec) > p.cfg.MaxMessageBytes {
 		return p.deadLetterTable(ctx, ev, id, intended, cause)
 	}
 	class := classOf(cause)

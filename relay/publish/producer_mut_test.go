@@ -61,7 +61,7 @@ func TestClientOptsSettings(t *testing.T) {
 	}
 }
 
-// TestRecordSizeCoversBatch: recordSize, by which a record over
+// TestRecordSizeCoversBatch: RecordSize, by which a record over
 // OUTBOX_KAFKA_MAX_MESSAGE_BYTES goes to the dead-letter table without
 // being offered to Kafka, is never below what the record takes in a
 // record batch of its own as franz-go measures it against
@@ -83,8 +83,8 @@ func TestRecordSizeCoversBatch(t *testing.T) {
 		}
 	}
 	for _, r := range cases {
-		if est, wire := recordSize(r), batchBytes(r); est < wire {
-			t.Errorf("record (topic %d, key %d, value %d bytes, %d headers): recordSize %d below its %d bytes in a batch",
+		if est, wire := RecordSize(r), batchBytes(r); est < wire {
+			t.Errorf("record (topic %d, key %d, value %d bytes, %d headers): RecordSize %d below its %d bytes in a batch",
 				len(r.Topic), len(r.Key), len(r.Value), len(r.Headers), est, wire)
 		}
 	}
@@ -136,13 +136,13 @@ func TestSizeLimitBoundary(t *testing.T) {
 	row := func(id string) *route.Row {
 		return eventRow("id", id, aggType, "a", `{"n": "`+strings.Repeat("x", 300)+`"}`, 90, 100)
 	}
-	size := recordSize(routed(t, router, Config{Headers: token}, row("ev-1")))
+	size := RecordSize(routed(t, router, Config{Headers: token}, row("ev-1")))
 	// The DLQ record of an unroutable row.
 	bad := unroutableRow("id", "ev-1", aggType, 90, 100)
 	_, rerr := router.Route(context.Background(), bad)
 	dl := router.DeadLetter(bad, intendedTopic(rerr), rerr, dlq)
 	dl.Headers = append(dl.Headers, token()...)
-	dlSize := recordSize(dl)
+	dlSize := RecordSize(dl)
 
 	for _, tc := range []struct {
 		name     string

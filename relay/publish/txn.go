@@ -249,7 +249,7 @@ func (p *Producer) sendTxn(ctx context.Context, ev wal.Event, id rowID, rec *kgo
 			return err
 		}
 	}
-	size := recordSize(rec)
+	size := RecordSize(rec)
 	if !p.txn.open {
 		if err := p.txnClient().BeginTransaction(); err != nil {
 			if isFenced(err) {
