@@ -265,7 +265,10 @@ func (c *Config) loadPropertiesFile(path string) error {
 // their schemas.enable, or Debezium Server's debezium.format.*) choose the
 // formats; debezium.* keys select RuntimeServer. An option under the
 // router's prefix that Debezium does not define is an error, so that a typo
-// does not fall back to a default.
+// does not fall back to a default. A Debezium Server file is read as Quarkus
+// reads it ($${ is a literal ${), and a configuration expression Quarkus
+// would expand (an unescaped ${routedByValue}) in a value the router takes
+// is an error that names the key.
 func ParseProperties(r io.Reader) (Config, error) {
 	c := DefaultConfig()
 	err := c.applyProperties(r)
@@ -295,17 +298,26 @@ func (c *Config) applyProperties(r io.Reader) error {
 			break
 		}
 	}
-	all := map[string]string{}
+	// exprs holds, in server mode, the configuration expression a value
+	// holds unescaped, by key: refused below where the router reads it.
+	all, exprs := map[string]string{}, map[string]string{}
 	for i, k := range p.Keys {
 		if server {
 			// Debezium Server reads its file through Quarkus, which
 			// expands ${name} as a configuration expression; $${ is the
 			// escape a file written for it uses for a literal ${, as in
 			// route.topic.replacement=outbox.$${routedByValue}.
-			p.Values[i] = strings.ReplaceAll(p.Values[i], "$${", "${")
+			var expr string
+			p.Values[i], expr = quarkusLiteral(p.Values[i])
+			if expr != "" {
+				exprs[k] = expr
+			} else {
+				delete(exprs, k) // the last value of a key given twice wins
+			}
 		}
 		all[k] = p.Values[i]
 	}
+	read := map[string]bool{} // the keys whose values the router takes
 	// Find the EventRouter's prefix.
 	prefix := ""
 	for _, base := range []string{"transforms", "debezium.transforms"} {
@@ -345,6 +357,7 @@ func (c *Config) applyProperties(r io.Reader) error {
 			name = k
 		}
 		if o, known := byDebezium[name]; known {
+			read[k] = true
 			if err := o.set(c, p.Values[i]); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", k, err))
 			}
@@ -355,49 +368,113 @@ func (c *Config) applyProperties(r io.Reader) error {
 		}
 	}
 	if v, ok := all["topic.prefix"]; ok {
+		read["topic.prefix"] = true
 		c.TopicPrefix = strings.TrimSpace(v)
 	} else if v, ok := all["debezium.source.topic.prefix"]; ok {
+		read["debezium.source.topic.prefix"] = true
 		c.TopicPrefix = strings.TrimSpace(v)
 	}
 	// A connector option, not the router's: Kafka Connect's name, or
 	// Debezium Server's.
 	for _, k := range []string{"extended.headers.enabled", "debezium.source.extended.headers.enabled"} {
 		if v, ok := all[k]; ok {
+			read[k] = true
 			_, set := boolean(func(c *Config) *bool { return &c.ExtendedHeaders })
 			if err := set(c, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", k, err))
 			}
 		}
 	}
-	if err := c.applyConverters(all, server); err != nil {
+	if err := c.applyConverters(all, read, server); err != nil {
 		errs = append(errs, err)
+	}
+	// An expression in a value the router does not take (a database
+	// password from the environment, say) is Debezium Server's business.
+	for _, k := range p.Keys {
+		if e := exprs[k]; e != "" && read[k] {
+			errs = append(errs, unexpandedError(k, e))
+			delete(exprs, k)
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// applyConverters maps converter settings to formats.
-func (c *Config) applyConverters(all map[string]string, server bool) error {
+// quarkusLiteral reads a value of a Debezium Server file as Quarkus (SmallRye
+// Config's ExpressionConfigSourceInterceptor) does where it holds no
+// expression: \$ (\\$ in the file, which java.util.Properties unescapes)
+// and $$ are a literal $, and any other $ is itself. It
+// returns the first configuration expression left unescaped (${name},
+// ${name:default}; an unclosed one counts too, as SmallRye's lenient syntax
+// takes it), or "" when there is none.
+func quarkusLiteral(v string) (literal, expr string) {
+	if !strings.Contains(v, "$") {
+		return v, ""
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		switch {
+		case v[i] == '\\' && i+1 < len(v) && v[i+1] == '$', v[i] == '$' && i+1 < len(v) && v[i+1] == '$':
+			b.WriteByte('$')
+			i++
+		case v[i] == '$' && i+1 < len(v) && v[i+1] == '{':
+			if expr == "" {
+				expr = v[i:]
+				if end := strings.IndexByte(expr, '}'); end >= 0 {
+					expr = expr[:end+1]
+				}
+			}
+			b.WriteByte('$')
+		default:
+			b.WriteByte(v[i])
+		}
+	}
+	return b.String(), expr
+}
+
+// unexpandedError refuses a configuration expression in a value the router
+// takes from a Debezium Server file. Quarkus expands it before Debezium sees
+// the value (Debezium Server 3.6.1 refuses to start when nothing is named so,
+// as with ${routedByValue}); this router does not expand it, so the two would
+// route differently.
+func unexpandedError(key, expr string) error {
+	return fmt.Errorf("%s: Debezium Server (Quarkus) expands %s as a configuration expression before Debezium sees it "+
+		"(and refuses to start when nothing has that name); write $%s for a literal %s, or write the value itself: this router expands no expression",
+		key, expr, expr, expr)
+}
+
+// applyConverters maps converter settings to formats, and marks in read
+// the keys it takes.
+func (c *Config) applyConverters(all map[string]string, read map[string]bool, server bool) error {
 	var errs []error
+	get := func(k string) (string, bool) {
+		v, ok := all[k]
+		if ok {
+			read[k] = true
+		}
+		return v, ok
+	}
 	// conv returns a converter's class and its schemas.enable, under Kafka
 	// Connect's names or Debezium Server's (debezium.format.*, where
 	// debezium.format.<x> applies to all three unless overridden).
 	conv := func(which string) (class string, schemas bool, set bool) {
 		schemas = true
 		if server {
-			f := strings.TrimSpace(all["debezium.format."+which])
+			f, _ := get("debezium.format." + which)
+			f = strings.TrimSpace(f)
 			if f == "" {
 				f = "json"
 			}
 			class, set = f, true
 			for _, k := range []string{"debezium.format.schemas.enable", "debezium.format." + which + ".schemas.enable"} {
-				if v, ok := all[k]; ok {
+				if v, ok := get(k); ok {
 					schemas = !strings.EqualFold(strings.TrimSpace(v), "false")
 				}
 			}
 			return
 		}
-		class, set = strings.TrimSpace(all[which+".converter"]), all[which+".converter"] != ""
-		if v, ok := all[which+".converter.schemas.enable"]; ok {
+		class, _ = get(which + ".converter")
+		class, set = strings.TrimSpace(class), class != ""
+		if v, ok := get(which + ".converter.schemas.enable"); ok {
 			schemas = !strings.EqualFold(strings.TrimSpace(v), "false")
 		}
 		return
@@ -437,7 +514,7 @@ func (c *Config) applyConverters(all map[string]string, server bool) error {
 		vp = "debezium.format.value."
 	}
 	for _, k := range []string{vp + "schema.registry.url", vp + "apicurio.registry.url"} {
-		if v := all[k]; v != "" {
+		if v, _ := get(k); v != "" {
 			c.RegistryURLs = nil
 			for _, u := range strings.Split(v, ",") {
 				if u = strings.TrimSpace(u); u != "" {
@@ -446,11 +523,12 @@ func (c *Config) applyConverters(all map[string]string, server bool) error {
 			}
 		}
 	}
-	if v := all[vp+"basic.auth.user.info"]; v != "" {
+	if v, _ := get(vp + "basic.auth.user.info"); v != "" {
 		user, pass, _ := strings.Cut(v, ":")
 		c.RegistryUser, c.RegistryPassword = user, pass
 	}
-	if v := strings.TrimSpace(all[vp+"value.subject.name.strategy"]); v != "" {
+	if v, _ := get(vp + "value.subject.name.strategy"); strings.TrimSpace(v) != "" {
+		v = strings.TrimSpace(v)
 		switch v[strings.LastIndexByte(v, '.')+1:] {
 		case "TopicNameStrategy":
 			c.AvroSubject = "${topic}-value"
@@ -466,14 +544,14 @@ func (c *Config) applyConverters(all map[string]string, server bool) error {
 		key string
 		dst *bool
 	}{{"auto.register.schemas", &c.AvroAutoRegister}, {"use.latest.version", &c.AvroUseLatestVersion}, {"latest.compatibility.strict", &c.AvroLatestCompatibilityStrict}} {
-		if v, ok := all[vp+b.key]; ok {
+		if v, ok := get(vp + b.key); ok {
 			_, set := boolean(func(*Config) *bool { return b.dst })
 			if err := set(c, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s%s: %w", vp, b.key, err))
 			}
 		}
 	}
-	if v, ok := all[vp+"max.schemas.per.subject"]; ok {
+	if v, ok := get(vp + "max.schemas.per.subject"); ok {
 		_, set := integer(func(c *Config) *int { return &c.AvroMaxSchemasPerSubject })
 		if err := set(c, v); err != nil {
 			errs = append(errs, fmt.Errorf("%smax.schemas.per.subject: %w", vp, err))

@@ -266,3 +266,78 @@ func TestExtendedHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestParsePropertiesServerExpression: Quarkus expands an unescaped ${…} in
+// a Debezium Server file as a configuration expression (Debezium Server
+// 3.6.1 refuses to start on ${routedByValue}), so a value the router takes
+// that holds one is refused, naming the key and the $${…} to write instead
+// (issue 35, item 7b: it was read as a literal ${routedByValue} and routed
+// where neither the author nor Debezium meant). A Kafka Connect file has no
+// such expressions, and an expression in a key the router does not take is
+// Debezium Server's business.
+func TestParsePropertiesServerExpression(t *testing.T) {
+	const server = "debezium.sink.type=kafka\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+	const connect = "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
+	for _, tc := range []struct {
+		name, props string
+		wantErr     []string // each in the error; none: no error
+		wantTopic   string   // the replacement read, when no error
+	}{{
+		name:    "server unescaped routedByValue",
+		props:   server + "debezium.transforms.outbox.route.topic.replacement=outbox.${routedByValue}\n",
+		wantErr: []string{"debezium.transforms.outbox.route.topic.replacement", "${routedByValue}", "$${routedByValue}"},
+	}, {
+		name:    "server unescaped, closing brace missing",
+		props:   server + "debezium.transforms.outbox.route.topic.replacement=outbox.${routedByValue\n",
+		wantErr: []string{"debezium.transforms.outbox.route.topic.replacement", "$${routedByValue"},
+	}, {
+		name:    "server expression in a converter setting",
+		props:   server + "debezium.format.value=avro\ndebezium.format.value.schema.registry.url=${REGISTRY_URL}\n",
+		wantErr: []string{"debezium.format.value.schema.registry.url", "$${REGISTRY_URL}"},
+	}, {
+		name:    "server expression in the topic prefix",
+		props:   server + "debezium.source.topic.prefix=${PREFIX:shop}\n",
+		wantErr: []string{"debezium.source.topic.prefix", "$${PREFIX:shop}"},
+	}, {
+		name:      "server last value of a key given twice wins",
+		props:     server + "debezium.transforms.outbox.route.topic.replacement=outbox.${routedByValue}\ndebezium.transforms.outbox.route.topic.replacement=outbox.$${routedByValue}\n",
+		wantTopic: "outbox.${routedByValue}",
+	}, {
+		name:      "server escaped",
+		props:     server + "debezium.transforms.outbox.route.topic.replacement=outbox.$${routedByValue}\n",
+		wantTopic: "outbox.${routedByValue}",
+	}, {
+		name:      "server escaped with a backslash",
+		props:     server + `debezium.transforms.outbox.route.topic.replacement=outbox.\\${routedByValue}` + "\n",
+		wantTopic: "outbox.${routedByValue}",
+	}, {
+		name:      "server expression in a key the router does not take",
+		props:     server + "debezium.source.database.password=${PGPASSWORD}\ndebezium.transforms.outbox.route.topic.replacement=outbox.$${routedByValue}\n",
+		wantTopic: "outbox.${routedByValue}",
+	}, {
+		name:      "connect unescaped is literal",
+		props:     connect + "transforms.outbox.route.topic.replacement=outbox.${routedByValue}\n",
+		wantTopic: "outbox.${routedByValue}",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseProperties(strings.NewReader(tc.props))
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("error %v, want none", err)
+				}
+				if c.TopicReplacement != tc.wantTopic {
+					t.Fatalf("replacement %q, want %q", c.TopicReplacement, tc.wantTopic)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error (replacement %q, registry %q, prefix %q); want one naming %q", c.TopicReplacement, c.RegistryURLs, c.TopicPrefix, tc.wantErr)
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %q", err, w)
+				}
+			}
+		})
+	}
+}
