@@ -23,7 +23,9 @@
 //     right: nothing was ever pending in the table.
 //   - ModeMessage writes no table at all: each event is a transactional
 //     logical decoding message, pg_logical_emit_message(true, 'outbox', …),
-//     decoded by the connector into the same record (PostgreSQL 14+).
+//     decoded by the connector into the same record (PostgreSQL 14+). It is
+//     refused while a poll-mode relay may be reading the outbox (see
+//     Config.Table), since that relay never reads the WAL.
 //
 // Delivery is at-least-once: consumers deduplicate by the id header (package
 // inbox does).
@@ -185,7 +187,12 @@ func (w *Writer) traceFor(ctx context.Context, probe func(sql string, args ...an
 // public.outbox with UUIDv7 ids.
 type Config struct {
 	// Table is the outbox table, "schema.name" or "name" (default
-	// "public.outbox"). Ignored in ModeMessage.
+	// "public.outbox"): the table the connector reads (its OUTBOX_TABLE).
+	// ModeMessage writes no row, but refuses to emit a message while this
+	// table or public.outbox (the connector's default, whatever Table says)
+	// is prepared for the connector's poll mode (it has published_at,
+	// sql/variants/outbox_poll.sql): a poll-mode relay reads the table and
+	// never the WAL, so the message would never be published.
 	Table string
 	// Mode is the mode (default ModeTable).
 	Mode Mode
@@ -212,6 +219,10 @@ type Config struct {
 // TraceColumnOff as Config.TraceColumn turns the trace context column off.
 const TraceColumnOff = "-"
 
+// defaultTable is Config.Table's default, quoted: the connector's default
+// OUTBOX_TABLE too.
+const defaultTable = `"public"."outbox"`
+
 // DefaultTraceColumn is Config.TraceColumn's default, the column Debezium's
 // tracing reads (tracing.span.context.field).
 const DefaultTraceColumn = "tracingspancontext"
@@ -222,7 +233,7 @@ var ErrNoTraceColumn = errors.New("the outbox table has no trace context column"
 
 // New validates cfg and returns a Writer for it.
 func New(cfg Config) (*Writer, error) {
-	w := &Writer{table: `"public"."outbox"`, mode: cfg.Mode, prefix: MessagePrefix, newID: uuid.NewV7, traceColumn: DefaultTraceColumn}
+	w := &Writer{table: defaultTable, mode: cfg.Mode, prefix: MessagePrefix, newID: uuid.NewV7, traceColumn: DefaultTraceColumn}
 	switch cfg.TraceColumn {
 	case "":
 	case TraceColumnOff:
@@ -309,7 +320,10 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.
 			return nil, w.writeErr(len(events), s, err)
 		}
 		if s.guarded && tag.RowsAffected() == 0 {
-			return nil, w.errPollMode()
+			return nil, w.errPollMode(func(q string, args ...any) (name string, err error) {
+				err = tx.QueryRow(ctx, q, args...).Scan(&name)
+				return name, err
+			})
 		}
 	}
 	return ids, nil
@@ -345,7 +359,10 @@ func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]u
 		}
 		if s.guarded {
 			if n, err := res.RowsAffected(); err == nil && n == 0 {
-				return nil, w.errPollMode()
+				return nil, w.errPollMode(func(q string, args ...any) (name string, err error) {
+					err = tx.QueryRowContext(ctx, q, args...).Scan(&name)
+					return name, err
+				})
 			}
 		}
 	}
@@ -586,24 +603,46 @@ func (w *Writer) messageStatement(events []Event, ids []uuid.UUID, payloads []an
 	// Emitted only where no poll-mode relay reads the outbox table (see
 	// pollGuard): then the statement returns no row, and Write says why.
 	if len(contents) == 1 {
-		return statement{"SELECT pg_logical_emit_message(true, $1, $2::jsonb::text) WHERE " + pollGuard(3), []any{w.prefix, contents[0], w.table}, true, false}, nil
+		return statement{"SELECT pg_logical_emit_message(true, $1, $2::jsonb::text) WHERE " + pollGuard(3), []any{w.prefix, contents[0], w.table, defaultTable}, true, false}, nil
 	}
 	// unnest WITH ORDINALITY ... ORDER BY keeps the caller's order.
 	return statement{`SELECT count(pg_logical_emit_message(true, $1, m::jsonb::text))
-FROM (SELECT m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, n) ORDER BY n) AS s WHERE ` + pollGuard(3) + ` HAVING count(*) > 0`, []any{w.prefix, contents, w.table}, true, false}, nil
+FROM (SELECT m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, n) ORDER BY n) AS s WHERE ` + pollGuard(3) + ` HAVING count(*) > 0`, []any{w.prefix, contents, w.table, defaultTable}, true, false}, nil
 }
 
-// pollGuard is true unless the outbox table (parameter $n) is prepared for
-// the connector's poll mode (sql/variants/outbox_poll.sql adds
+// pollGuard is true unless an outbox table a relay may read, Config.Table
+// (parameter $n) or the connector's default public.outbox ($n+1), is
+// prepared for the connector's poll mode (sql/variants/outbox_poll.sql adds
 // published_at): a poll-mode relay reads the table, never the WAL, so a
-// message would be lost. One catalog lookup, from the server's cache.
+// message would be lost. A message has no table of its own, so Config.Table
+// alone would let a Writer whose Table names another table emit messages
+// no relay reads, while the default one is polled. Two lookups by the
+// catalog's index, from the server's cache.
 func pollGuard(n int) string {
-	return fmt.Sprintf("NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($%d) AND attname = 'published_at' AND NOT attisdropped)", n)
+	return fmt.Sprintf("NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid IN (to_regclass($%d), to_regclass($%d)) AND attname = 'published_at' AND NOT attisdropped)", n, n+1)
 }
 
-// errPollMode is Write's error for a message a poll-mode relay would never see.
-func (w *Writer) errPollMode() error {
-	return fmt.Errorf("outbox: %s is prepared for the connector's poll mode (it has published_at, sql/variants/outbox_poll.sql), which reads the table and never the WAL: a message (ModeMessage) would never be published; write in ModeTable (delete-after-insert is refused by the table's trigger too)", w.table)
+// pollTableProbe names the first of the tables ($1) that pollGuard found
+// prepared for the poll mode ("" when none is now).
+const pollTableProbe = `SELECT coalesce((SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS u(t, n)
+	WHERE EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(t) AND attname = 'published_at' AND NOT attisdropped)
+	ORDER BY n LIMIT 1), '')`
+
+// errPollMode is Write's error for a message a poll-mode relay would never
+// see. probe runs pollTableProbe in the caller's transaction, so that the
+// error names the table pollGuard found; both are named when it fails.
+func (w *Writer) errPollMode(probe func(sql string, args ...any) (string, error)) error {
+	table := w.table
+	if w.table != defaultTable {
+		table = w.table + " or " + defaultTable
+		if name, err := probe(pollTableProbe, []string{w.table, defaultTable}); err == nil && name != "" {
+			table = name
+		}
+	}
+	if table == defaultTable && w.table != defaultTable {
+		table += " (the connector's default OUTBOX_TABLE, checked whatever Config.Table names: a message has no table of its own)"
+	}
+	return fmt.Errorf("outbox: %s is prepared for the connector's poll mode (it has published_at, sql/variants/outbox_poll.sql), which reads the table and never the WAL: a message (ModeMessage) would never be published; write in ModeTable (delete-after-insert is refused by the table's trigger too)", table)
 }
 
 func isBase(c string) bool {

@@ -423,3 +423,101 @@ func TestPollModeTable(t *testing.T) {
 		t.Fatalf("the Cleaner deleted %d rows (want the 2 published), %d unpublished left (want 2)", n, unpublished)
 	}
 }
+
+// TestPollModeMessageTable (issue 35, item 7c): a message has no table of its
+// own, so a ModeMessage Writer is refused while the connector's default
+// outbox table, public.outbox, is prepared for the poll mode, whatever its
+// Config.Table names (the guard looked at Config.Table alone, and a Writer
+// whose Table named another table emitted messages the poll-mode relay
+// never reads); and while the table Config.Table names is prepared. Through
+// pgx and database/sql, one event and several; before the variant is
+// applied, the same Writers write.
+func TestPollModeMessageTable(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	db, err := sql.Open("pgx", pg.DSN("outbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// app.outbox: a second outbox, as the connector's OUTBOX_TABLE may name.
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA app; CREATE TABLE app.outbox (LIKE public.outbox INCLUDING ALL)`); err != nil {
+		t.Fatal(err)
+	}
+	ev := outbox.Event{AggregateType: "Poll", AggregateID: "a", Type: "T", Payload: map[string]int{"n": 1}}
+	write := func(t testing.TB, table string, viaSQL bool, n int) error {
+		t.Helper()
+		w, err := outbox.New(outbox.Config{Mode: outbox.ModeMessage, Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := make([]outbox.Event, n)
+		for i := range evs {
+			evs[i] = ev
+		}
+		if viaSQL {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback() }()
+			_, err = w.WriteSQL(ctx, tx, evs...)
+			return err
+		}
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			_, err := w.Write(ctx, tx, evs...)
+			return err
+		})
+	}
+	for _, step := range []struct {
+		name  string
+		setup string            // SQL run first
+		want  map[string]string // Config.Table -> in the error; "" for none
+	}{
+		{"no poll mode", "", map[string]string{"": "", "events": "", "app.outbox": ""}},
+		{"public.outbox prepared", "", map[string]string{
+			"":           `outbox: "public"."outbox" is prepared for the connector's poll mode`,
+			"events":     `outbox: "public"."outbox" (the connector's default OUTBOX_TABLE, checked whatever Config.Table names: a message has no table of its own) is prepared for the connector's poll mode`,
+			"app.outbox": `outbox: "public"."outbox" (the connector's default OUTBOX_TABLE, checked whatever Config.Table names: a message has no table of its own) is prepared for the connector's poll mode`,
+		}},
+		{"app.outbox prepared alone", "ALTER TABLE public.outbox DROP COLUMN published_at CASCADE; ALTER TABLE app.outbox ADD COLUMN published_at timestamptz", map[string]string{
+			"":           "",
+			"events":     "",
+			"app.outbox": `outbox: "app"."outbox" is prepared for the connector's poll mode`,
+		}},
+		{"both prepared", "ALTER TABLE public.outbox ADD COLUMN published_at timestamptz", map[string]string{
+			"":           `outbox: "public"."outbox" is prepared for the connector's poll mode`,
+			"events":     `outbox: "public"."outbox" (the connector's default OUTBOX_TABLE, checked whatever Config.Table names: a message has no table of its own) is prepared for the connector's poll mode`,
+			"app.outbox": `outbox: "app"."outbox" is prepared for the connector's poll mode`,
+		}},
+	} {
+		if step.name == "public.outbox prepared" {
+			if err := pg.Psql("outbox", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if step.setup != "" {
+			if _, err := conn.Exec(ctx, step.setup); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, table := range []string{"", "events", "app.outbox"} {
+			for _, viaSQL := range []bool{false, true} {
+				for _, n := range []int{1, 3} {
+					name := fmt.Sprintf("%s/table=%q/sql=%v/%d", step.name, table, viaSQL, n)
+					t.Run(name, func(t *testing.T) {
+						err := write(t, table, viaSQL, n)
+						want := step.want[table]
+						if want == "" && err != nil {
+							t.Fatalf("error %v; want none", err)
+						}
+						if want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+							t.Fatalf("error %v; want one saying %q", err, want)
+						}
+					})
+				}
+			}
+		}
+	}
+}
