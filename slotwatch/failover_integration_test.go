@@ -2,22 +2,29 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
+	"github.com/pgoutbox/pgoutbox/slotwatch/web"
 )
 
 // TestFailoverReadiness (PostgreSQL 17): a primary with a failover slot and
 // a physical standby of it, both watched. While the standby does not
 // synchronize slots, the copy is missing: slotwatch_slot_failover_ready is 0
-// (reason missing) and SlotNotFailoverReady fires; once the standby
-// synchronizes it, ready is 1 and the alert resolves. The standby stops
-// synchronizing and the primary's slot moves on past
-// SLOTWATCH_FAILOVER_LAG_BYTES: the alert fires again (reason behind), and
-// resolves when synchronization catches the copy up.
+// (reason missing) and SlotNotFailoverReady fires. Once the standby
+// synchronizes it the copy is there, but the primary's
+// synchronized_standby_slots does not name the standby's physical slot, so
+// decoding may hand out changes the standby lacks: still 0
+// (standby-slot-unlisted; issue 35, item 17: it read 1). Named there, ready
+// is 1 and the alert resolves. hot_standby_feedback off on the standby: 0
+// again (no-hot-standby-feedback), the alert fires and resolves when it is
+// back on. The standby stops synchronizing and the primary's slot moves on
+// past SLOTWATCH_FAILOVER_LAG_BYTES: the alert fires again (reason behind),
+// and resolves when synchronization catches the copy up.
 func TestFailoverReadiness(t *testing.T) {
 	bin, err := testenv.PGVersionBinDir(17)
 	if err != nil {
@@ -56,13 +63,48 @@ func TestFailoverReadiness(t *testing.T) {
 		t.Errorf("summary %q does not say the copy is missing", s)
 	}
 
-	// Synchronized: ready, resolved.
+	// Synchronized, but the primary does not wait for the standby: not
+	// ready, the alert still firing.
 	syncSlots("on")
 	eventually(t, 90*time.Second, func() (bool, string) {
+		var synced, temporary bool
+		err := standby.Conn(t, "outbox").QueryRow(context.Background(), "SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = 'outbox_slot'").Scan(&synced, &temporary)
+		return err == nil && synced && !temporary, fmt.Sprintf("the standby's copy: synced %v, temporary %v, %v", synced, temporary, err)
+	})
+	eventually(t, 10*time.Second, func() (bool, string) {
+		reason, ok := failoverReason(t, sw, "primary", "outbox_slot", "standby")
+		v, _ := sw.metric(t, "slotwatch_slot_failover_ready", ready)
+		return ok && reason == "standby-slot-unlisted" && v == 0, fmt.Sprintf("reason %q (reported %v), ready %v; want standby-slot-unlisted, 0", reason, ok, v)
+	})
+	time.Sleep(time.Second) // a few intervals: it stays so
+	if v, _ := sw.metric(t, "slotwatch_slot_failover_ready", ready); v != 0 || h.count("SlotNotFailoverReady", "outbox_slot", "resolved") != 0 {
+		t.Fatalf("ready %v, notifications %s: want 0 and the alert still firing", v, h.summary())
+	}
+
+	// The primary waits for the standby's physical slot: ready, resolved.
+	execAll(t, primary, "outbox", "ALTER SYSTEM SET synchronized_standby_slots = 'standby1'", "SELECT pg_reload_conf()")
+	eventually(t, 30*time.Second, func() (bool, string) {
 		v, ok := sw.metric(t, "slotwatch_slot_failover_ready", ready)
 		return ok && v == 1, "not ready yet"
 	})
 	h.waitFor(t, "SlotNotFailoverReady", "outbox_slot", "resolved", 10*time.Second)
+
+	// No hot_standby_feedback on the standby: not ready, fires; back on:
+	// resolved.
+	feedback := func(on string) {
+		execAll(t, standby, "postgres", "ALTER SYSTEM SET hot_standby_feedback = "+on, "SELECT pg_reload_conf()")
+	}
+	feedback("off")
+	eventually(t, 10*time.Second, func() (bool, string) {
+		return h.countReason("SlotNotFailoverReady", "(no-hot-standby-feedback)", "firing") == 1, "no firing SlotNotFailoverReady (no-hot-standby-feedback): " + h.summary()
+	})
+	if v, _ := sw.metric(t, "slotwatch_slot_failover_ready", ready); v != 0 {
+		t.Errorf("ready %v without hot_standby_feedback, want 0", v)
+	}
+	feedback("on")
+	eventually(t, 30*time.Second, func() (bool, string) {
+		return h.countReason("SlotNotFailoverReady", "(no-hot-standby-feedback)", "resolved") == 1, "no resolved SlotNotFailoverReady (no-hot-standby-feedback): " + h.summary()
+	})
 
 	// Behind: the standby stops synchronizing, the primary's slot moves on.
 	syncSlots("off")
@@ -88,6 +130,28 @@ func TestFailoverReadiness(t *testing.T) {
 	if err := standby.Conn(t, "outbox").QueryRow(context.Background(), "SELECT synced FROM pg_replication_slots WHERE slot_name = 'outbox_slot'").Scan(&synced); err != nil || !synced {
 		t.Errorf("the standby's copy: synced %v, %v", synced, err)
 	}
+}
+
+// failoverReason is the reason /slots gives why failover slot slot of server
+// is not ready on standby ("" when ready), and whether /slots reports it.
+func failoverReason(t testing.TB, sw *instance, server, slot, standby string) (string, bool) {
+	t.Helper()
+	_, body := sw.get(t, "/slots")
+	var servers []web.ServerView
+	if err := json.Unmarshal([]byte(body), &servers); err != nil {
+		t.Fatalf("/slots: %v", err)
+	}
+	for _, s := range servers {
+		if s.Server != server {
+			continue
+		}
+		for _, f := range s.Failover {
+			if f.Slot == slot && f.Standby == standby {
+				return f.Reason, true
+			}
+		}
+	}
+	return "", false
 }
 
 // countReason counts notifications about alertname whose first alert's

@@ -93,7 +93,7 @@ func Rules() []Rule {
 		{Name: DatabaseUnreachable, Severity: Critical, For: time.Minute,
 			Condition: "slotwatch_up == 0: slotwatch cannot query the server", eval: evalUnreachable},
 		{Name: SlotNotFailoverReady, Severity: Warning, For: 2 * time.Minute,
-			Condition: "slotwatch_slot_failover_ready == 0, or slotwatch_slot_failover_lag_bytes > SLOTWATCH_FAILOVER_LAG_BYTES: a promotion of that standby now would lose the failover slot, or publish again that much", eval: evalFailover},
+			Condition: "slotwatch_slot_failover_ready == 0, or slotwatch_slot_failover_lag_bytes > SLOTWATCH_FAILOVER_LAG_BYTES: a promotion of that standby now would lose the failover slot, leave Kafka with events the standby never received (its physical slot not in the primary's synchronized_standby_slots), run without slot synchronization (hot_standby_feedback off), or publish again that much", eval: evalFailover},
 		{Name: PipelineStalled, Severity: Critical, For: 0,
 			Condition: "slotwatch_canary_age_seconds > SLOTWATCH_CANARY_TIMEOUT: no canary event committed in that time has reached Kafka", eval: evalStalled},
 		{Name: EventsMissing, Severity: Critical, For: 0,
@@ -339,17 +339,33 @@ func evalFailover(r *watch.Report, th Thresholds) []finding {
 			continue
 		}
 		fd.value = 0
-		why := map[string]string{
-			watch.FailoverMissing: "has no copy of it: set sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name (a physical slot), and dbname in primary_conninfo on the standby; " +
-				"the slot must be a failover slot (OUTBOX_SLOT_FAILOVER=true)",
-			watch.FailoverTemporary: "has a copy still being synchronized (temporary): the standby has not yet caught up with the slot's position, and a promotion drops such a copy",
-			watch.FailoverNotSynced: "has a slot of that name of its own, not synchronized from this primary: a promotion keeps that slot, not this one; drop it on the standby",
-			watch.FailoverInvalidated: "has an invalidated copy of it: the standby removed WAL or catalog rows it needed (check hot_standby_feedback and that the standby streams through " +
-				"its physical slot, which synchronized_standby_slots on the primary should name)",
-		}[f.Reason]
-		fd.summary = fmt.Sprintf("A promotion of %s now would lose failover slot %s (%s)", f.Standby, f.Slot, f.Reason)
-		fd.description = fmt.Sprintf("%s is a failover slot, but standby %s %s. The connector then recovers the slot from the outbox table "+
-			"(OUTBOX_ON_SLOT_LOSS=recover) or stops (fail).", slotWhere(r, s), f.Standby, why)
+		switch f.Reason {
+		case watch.FailoverUnlisted:
+			// The copy is there and valid, but the primary does not wait for
+			// the standby: a promotion keeps the slot, not the events.
+			fd.summary = fmt.Sprintf("A promotion of %s now could leave Kafka with events of failover slot %s that %s never received (%s)", f.Standby, f.Slot, f.Standby, f.Reason)
+			fd.description = fmt.Sprintf("%s is synchronized to standby %s, but the primary's synchronized_standby_slots does not name the physical slot the standby streams through "+
+				"(its primary_slot_name): logical decoding hands the connector changes the standby has not received yet, and after a promotion Kafka holds events whose "+
+				"transactions the new primary never had. Set primary_slot_name on the standby and name that slot in synchronized_standby_slots on the primary "+
+				"(ALTER SYSTEM SET synchronized_standby_slots = '<slot>'; SELECT pg_reload_conf()).", slotWhere(r, s), f.Standby)
+		case watch.FailoverNoFeedback:
+			fd.summary = fmt.Sprintf("Standby %s does not synchronize failover slot %s: hot_standby_feedback is off (%s)", f.Standby, f.Slot, f.Reason)
+			fd.description = fmt.Sprintf("%s has a copy on standby %s, but the standby runs with hot_standby_feedback off, so it synchronizes no slot: the copy stays where it was "+
+				"(a promotion continues from there and publishes everything since again), and the primary may remove catalog rows the copy needs, which invalidates it. "+
+				"Set hot_standby_feedback = on on the standby.", slotWhere(r, s), f.Standby)
+		default:
+			why := map[string]string{
+				watch.FailoverMissing: "has no copy of it: set sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name (a physical slot), and dbname in primary_conninfo on the standby, " +
+					"and name that physical slot in synchronized_standby_slots on the primary; the slot must be a failover slot (OUTBOX_SLOT_FAILOVER=true)",
+				watch.FailoverTemporary: "has a copy still being synchronized (temporary): the standby has not yet caught up with the slot's position, and a promotion drops such a copy",
+				watch.FailoverNotSynced: "has a slot of that name of its own, not synchronized from this primary: a promotion keeps that slot, not this one; drop it on the standby",
+				watch.FailoverInvalidated: "has an invalidated copy of it: the standby removed WAL or catalog rows it needed (check hot_standby_feedback and that the standby streams through " +
+					"its physical slot, which synchronized_standby_slots on the primary should name)",
+			}[f.Reason]
+			fd.summary = fmt.Sprintf("A promotion of %s now would lose failover slot %s (%s)", f.Standby, f.Slot, f.Reason)
+			fd.description = fmt.Sprintf("%s is a failover slot, but standby %s %s. The connector then recovers the slot from the outbox table "+
+				"(OUTBOX_ON_SLOT_LOSS=recover) or stops (fail).", slotWhere(r, s), f.Standby, why)
+		}
 		out = append(out, fd)
 	}
 	return out

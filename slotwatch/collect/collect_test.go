@@ -101,6 +101,44 @@ func TestParseSettingsUnlimited(t *testing.T) {
 
 func ptr(s string) *string { return &s }
 
+// TestParseSettingsFailover: the settings failover readiness needs, read as
+// pg_settings shows them; synchronized_standby_slots split as PostgreSQL
+// splits it (SplitIdentifierString).
+func TestParseSettingsFailover(t *testing.T) {
+	for _, tt := range []struct {
+		list string
+		want []string
+	}{
+		{"", nil},
+		{"standby1", []string{"standby1"}},
+		{"a, B ,\"c\"", []string{"a", "b", "c"}},
+		{" s1 ,s2,,s3 ", []string{"s1", "s2", "s3"}},
+		{`"q""x"`, []string{`q"x`}},
+	} {
+		s, err := parseSettings([]row{
+			{"name": ptr("hot_standby_feedback"), "setting": ptr("on"), "unit": nil},
+			{"name": ptr("primary_slot_name"), "setting": ptr("standby1"), "unit": nil},
+			{"name": ptr("synchronized_standby_slots"), "setting": ptr(tt.list), "unit": nil},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(s.SynchronizedStandbySlots, tt.want) {
+			t.Errorf("synchronized_standby_slots %q: %q, want %q", tt.list, s.SynchronizedStandbySlots, tt.want)
+		}
+		if s.HotStandbyFeedback == nil || !*s.HotStandbyFeedback || s.PrimarySlotName == nil || *s.PrimarySlotName != "standby1" {
+			t.Errorf("hot_standby_feedback %v, primary_slot_name %v", s.HotStandbyFeedback, s.PrimarySlotName)
+		}
+	}
+	s, err := parseSettings([]row{{"name": ptr("hot_standby_feedback"), "setting": ptr("off"), "unit": nil}})
+	if err != nil || s.HotStandbyFeedback == nil || *s.HotStandbyFeedback {
+		t.Errorf("hot_standby_feedback off: %v, %v", s.HotStandbyFeedback, err)
+	}
+	if _, err := parseSettings([]row{{"name": ptr("hot_standby_feedback"), "setting": ptr("maybe"), "unit": nil}}); err == nil {
+		t.Error("hot_standby_feedback maybe: no error")
+	}
+}
+
 // TestInvalidated reads the invalidation of slots shaped as each version's
 // pg_replication_slots shows them (testdata/pg<major>.json were recorded
 // from such servers).
@@ -162,6 +200,12 @@ func TestQueriesByVersion(t *testing.T) {
 			}
 			if got, want := strings.Contains(q.settings, "idle_replication_slot_timeout"), major >= 18; got != want {
 				t.Errorf("PostgreSQL %d: idle_replication_slot_timeout read = %v, want %v", major, got, want)
+			}
+			if got, want := strings.Contains(q.settings, "synchronized_standby_slots"), major >= 17; got != want {
+				t.Errorf("PostgreSQL %d: synchronized_standby_slots read = %v, want %v", major, got, want)
+			}
+			if !strings.Contains(q.settings, "hot_standby_feedback") || !strings.Contains(q.settings, "primary_slot_name") {
+				t.Errorf("PostgreSQL %d: hot_standby_feedback or primary_slot_name not read", major)
 			}
 		})
 	}

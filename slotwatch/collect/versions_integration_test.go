@@ -326,6 +326,12 @@ func checkSnapshot(t *testing.T, major int, snap *Snapshot) {
 	} else if st.IdleReplicationSlotTimeout != nil {
 		t.Errorf("idle_replication_slot_timeout read on %d", major)
 	}
+	// A primary with the defaults: hot_standby_feedback off, no
+	// primary_slot_name, no synchronized_standby_slots (17+).
+	if st.HotStandbyFeedback == nil || *st.HotStandbyFeedback || st.PrimarySlotName == nil || *st.PrimarySlotName != "" || st.SynchronizedStandbySlots != nil {
+		t.Errorf("hot_standby_feedback %v, primary_slot_name %v, synchronized_standby_slots %q; want off, empty, none",
+			st.HotStandbyFeedback, st.PrimarySlotName, st.SynchronizedStandbySlots)
+	}
 	if snap.WALDir == nil || snap.WALDir.Bytes < 16<<20 || snap.WALDir.Files < 1 {
 		t.Errorf("WAL dir = %+v, want at least one segment", snap.WALDir)
 	}

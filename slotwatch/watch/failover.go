@@ -1,26 +1,42 @@
 package watch
 
-import "github.com/pgoutbox/pgoutbox/slotwatch/collect"
+import (
+	"slices"
+
+	"github.com/pgoutbox/pgoutbox/slotwatch/collect"
+)
 
 // FailoverReport is whether one failover slot of a primary is ready on one
-// standby of it: would a promotion of that standby now keep the slot, and
-// how far behind the primary's slot is the standby's copy. PostgreSQL 17+
-// synchronizes failover slots (created with failover = true, as the
-// connector does with OUTBOX_SLOT_FAILOVER=true) to standbys that run
-// sync_replication_slots; a promotion keeps only the copies that are
-// synchronized and persistent.
+// standby of it: would a promotion of that standby now keep the slot, at a
+// position whose changes the standby has, and how far behind the primary's
+// slot is the standby's copy. PostgreSQL 17+ synchronizes failover slots
+// (created with failover = true, as the connector does with
+// OUTBOX_SLOT_FAILOVER=true) to standbys that run sync_replication_slots; a
+// promotion keeps only the copies that are synchronized and persistent.
+// A copy alone is not enough: unless the primary's synchronized_standby_slots
+// names the standby's physical slot, logical decoding hands the connector
+// changes the standby has not received, and after a promotion Kafka holds
+// events whose transactions the new primary never had; and without
+// hot_standby_feedback the standby does not synchronize slots at all (its
+// copies stay where they were, and may be invalidated).
 type FailoverReport struct {
 	// Slot is the primary's slot; Standby names the standby's target.
 	Slot    string `json:"slot"`
 	Standby string `json:"standby"`
 	// Ready: the copy is there, synchronized, persistent and not
-	// invalidated; a promotion now keeps it.
+	// invalidated, the primary's synchronized_standby_slots names the
+	// standby's physical slot (its primary_slot_name), and the standby
+	// runs with hot_standby_feedback on; a promotion now keeps the slot,
+	// and Kafka holds no event the standby lacks.
 	Ready bool `json:"ready"`
 	// Reason says why not: missing (no copy: sync_replication_slots off,
 	// or the standby has not synchronized it yet), temporary (a copy still
 	// being synchronized: its position was ahead of what the standby
 	// could keep; a promotion drops it), not-synced (a slot of the
-	// standby's own with that name), invalidated.
+	// standby's own with that name), invalidated, standby-slot-unlisted
+	// (the primary's synchronized_standby_slots does not name the
+	// standby's primary_slot_name, or the standby has none),
+	// no-hot-standby-feedback. The copy's own state comes first.
 	Reason string `json:"reason,omitempty"`
 	// LagBytes is the primary slot's confirmed_flush_lsn minus the copy's
 	// (never negative; the two are read at different moments), LagOK when
@@ -35,6 +51,12 @@ const (
 	FailoverTemporary   = "temporary"
 	FailoverNotSynced   = "not-synced"
 	FailoverInvalidated = "invalidated"
+	// FailoverUnlisted: the primary does not wait for the standby before
+	// decoding hands a change out (synchronized_standby_slots).
+	FailoverUnlisted = "standby-slot-unlisted"
+	// FailoverNoFeedback: the standby runs without hot_standby_feedback,
+	// so it synchronizes no slot.
+	FailoverNoFeedback = "no-hot-standby-feedback"
 )
 
 // failoverReadiness is the readiness of every failover slot of primary on
@@ -73,6 +95,10 @@ func failoverReadiness(primary *Report, others []Report) []FailoverReport {
 			default:
 				if bad, _ := cp.Invalidated(); bad {
 					f.Reason = FailoverInvalidated
+				} else if !waitsFor(primary, sb) {
+					f.Reason = FailoverUnlisted
+				} else if fb := sb.Settings.HotStandbyFeedback; fb == nil || !*fb {
+					f.Reason = FailoverNoFeedback
 				} else {
 					f.Ready = true
 				}
@@ -84,4 +110,17 @@ func failoverReadiness(primary *Report, others []Report) []FailoverReport {
 		}
 	}
 	return out
+}
+
+// waitsFor says whether primary's synchronized_standby_slots names the
+// physical slot standby streams through (its primary_slot_name): only then
+// does logical decoding of a failover slot wait until the standby has
+// received a change before handing it out. A standby without a
+// primary_slot_name is waited for by no setting.
+func waitsFor(primary, standby *Report) bool {
+	name := standby.Settings.PrimarySlotName
+	if name == nil || *name == "" {
+		return false
+	}
+	return slices.Contains(primary.Settings.SynchronizedStandbySlots, *name)
 }
