@@ -240,10 +240,12 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 			r.pollScanned.Store(sh.Scanned)
 		}
 		r.lookStall(time.Now())
+		began := time.Now()
 		rows, err := rd.Read(stop.read)
 		if err != nil {
 			return err
 		}
+		r.metrics.PollReadSeconds.Observe(time.Since(began).Seconds())
 		if len(rows) == 0 {
 			select {
 			case <-wake:

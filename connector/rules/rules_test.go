@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"gopkg.in/yaml.v3"
 
 	"github.com/pgoutbox/pgoutbox/internal/testenv"
@@ -98,21 +99,32 @@ func TestRulesUseConnectorMetrics(t *testing.T) {
 // where a series not there yet means "none", never through absent().
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
-	var cfg config.Config
-	cfg.Bind(flag.NewFlagSet("t", flag.ContinueOnError), func(string) string { return "" })
-	router, err := route.New(route.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := metrics.New()
-	relay.New(cfg, router, slog.New(slog.DiscardHandler), m)
-	mfs, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	names := map[string]bool{}
-	for _, mf := range mfs {
-		names[mf.GetName()] = true
+	// Each relay kind exports metrics of its own (poll mode its table's).
+	var m *metrics.Metrics
+	for _, source := range []string{"wal", "poll"} {
+		var cfg config.Config
+		cfg.Bind(flag.NewFlagSet("t", flag.ContinueOnError), func(string) string { return "" })
+		cfg.Source = source
+		router, err := route.New(route.DefaultConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m = metrics.New()
+		relay.New(cfg, router, slog.New(slog.DiscardHandler), m)
+		mfs, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			names[mf.GetName()] = true
+			if mf.GetType() == dto.MetricType_HISTOGRAM {
+				// A rule reads a histogram by its series.
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					names[mf.GetName()+suffix] = true
+				}
+			}
+		}
 	}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	v := reflect.ValueOf(m).Elem()

@@ -68,6 +68,16 @@ type Metrics struct {
 	// PollBuckets is how many buckets of the outbox this instance owns in
 	// poll mode.
 	PollBuckets prometheus.Gauge
+	// PollReadSeconds is how long poll mode's reads of unpublished rows
+	// take: the reads walk the index entries of rows marked since the
+	// oldest transaction still running began (a held xmin horizon keeps
+	// them), so a read that grows slow says so before it passes the
+	// statement bound.
+	PollReadSeconds prometheus.Histogram
+	// StreamSilent counts replication streams ended because the server
+	// sent nothing for the silence timeout, not even the answer to a
+	// status update that asked for one (wal.ErrSilent).
+	StreamSilent prometheus.Counter
 	// outbox_connector_leader is a gauge function the relay registers
 	// (computed at scrape time from the lease, see relay.New).
 }
@@ -97,6 +107,10 @@ func New() *Metrics {
 		StatusUpdates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_connector_status_updates_total",
 			Help: "Standby status updates sent to PostgreSQL.",
+		}),
+		StreamSilent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_connector_stream_silent_total",
+			Help: "Replication streams ended because the server sent nothing for OUTBOX_STREAM_SILENCE_TIMEOUT, not even the answer to a status update that asked for one: the network path went silent; the connector reconnects.",
 		}),
 		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_connector_reconnects_total",
@@ -172,8 +186,14 @@ func New() *Metrics {
 			Name: "outbox_connector_poll_buckets_owned",
 			Help: "Buckets of the outbox (by hash of the aggregate id) this instance owns in poll mode.",
 		}),
+		PollReadSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_connector_poll_read_seconds",
+			Help:    "Poll mode: duration of each read of unpublished rows. Slow reads mean the read walks many index entries of marked rows that a held xmin horizon (a long transaction, a standby's feedback, a slot's xmin) keeps from vacuum, or a large backlog.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
 	}
-	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.Reconnects,
+	r.MustRegister(m.PollReadSeconds)
+	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.StreamSilent, m.Reconnects,
 		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.SlotRecoveries, m.KafkaTxns, m.KafkaTxnCommit,
 		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss,
 		m.ExactlyOnceSkipped, m.ExactlyOnceSkippedLast, m.RouteRetries, m.PollQueries, m.PollRows, m.PollBuckets)
