@@ -55,6 +55,7 @@ var commands = []command{
 	{"recover", "[-allow-gap] [flags]", "run with OUTBOX_ON_SLOT_LOSS=recover: a lost slot is replaced and the events it may not have delivered are published again from the outbox table"},
 	{"backfill", "-from TIME [-to TIME] [flags]", "publish again the outbox rows of a time range, resumably"},
 	{"redrive", "[-from table|topic] [flags]", "publish again the dead letters with the current settings"},
+	{"switch-to-poll", "[flags]", "mark published the outbox rows the WAL relay's state proves delivered, so that poll mode (OUTBOX_SOURCE=poll) does not publish the whole table again (after sql/variants/outbox_poll.sql; README, switching relays)"},
 	{"probe", "URL", "exit 0 when URL answers 200, else 1 (a container health check, e.g. http://127.0.0.1:9189/readyz)"},
 }
 
@@ -162,6 +163,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if backfilling {
 		return backfillCmd(ctx, cfg, bf, log, stdout)
+	}
+	if name == "switch-to-poll" {
+		_, _, err := relay.MarkDelivered(ctx, cfg, cfg.Route.FieldEventID, stdout)
+		return err
 	}
 	if err := preflight(ctx, cfg, log); err != nil {
 		return err

@@ -602,6 +602,11 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		if err != nil {
 			return 0, st, nil, err
 		}
+		if !initial {
+			if err := r.checkPollHandover(ctx, conn); err != nil {
+				return 0, st, nil, err
+			}
+		}
 		r.log.Info("created replication slot", "slot", slot, "plugin", "pgoutput", "lsn", wal.FormatLSN(consistent), "snapshot", r.cfg.Snapshot, "failover", r.cfg.SlotFailover)
 		if err := r.faults.At(fault.SlotCreated); err != nil {
 			return 0, st, nil, err

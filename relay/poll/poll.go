@@ -725,6 +725,23 @@ JOIN pg_sequence q ON q.seqrelid = s.seq`
 // already have or exceed, so they would be published before them, and
 // share their values.
 func (r *Reader) checkSequence(ctx context.Context, name string) error {
+	col := pgx.Identifier{r.seq}.Sanitize()
+	var indexed bool
+	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+		WHERE i.indrelid = $1::regclass AND a.attname = $2 AND i.indpred IS NULL AND i.indexprs IS NULL)`, name, r.seq).Scan(&indexed); err != nil {
+		return fmt.Errorf("poll mode: inspect the indexes of %s: %w", name, err)
+	}
+	q := fmt.Sprintf("SELECT max(%s)::bigint FROM %s", col, name)
+	if !indexed {
+		q += fmt.Sprintf(" WHERE %s IS NULL", Published)
+	}
+	// The table first, then the sequence: writers go on meanwhile, and a
+	// sequence read after the table is at least every value the table
+	// held then (read before, a busy table is always ahead of it).
+	var most *int64
+	if err := r.queryRow(ctx, q).Scan(&most); err != nil {
+		return fmt.Errorf("poll mode: read the largest %s of %s: %w", r.seq, name, err)
+	}
 	var next *int64
 	var seqName string
 	var inc int64
@@ -738,23 +755,25 @@ func (r *Reader) checkSequence(ctx context.Context, name string) error {
 	if inc <= 0 {
 		return fmt.Errorf("%w: the sequence %s that fills %s.%s counts down (INCREMENT %d): later events would sort first; it must count up", ErrNotPrepared, seqName, name, r.seq, inc)
 	}
-	col := pgx.Identifier{r.seq}.Sanitize()
-	var indexed bool
-	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-		WHERE i.indrelid = $1::regclass AND a.attname = $2 AND i.indpred IS NULL AND i.indexprs IS NULL)`, name, r.seq).Scan(&indexed); err != nil {
-		return fmt.Errorf("poll mode: inspect the indexes of %s: %w", name, err)
-	}
-	q := fmt.Sprintf("SELECT max(%s)::bigint FROM %s", col, name)
-	if !indexed {
-		q += fmt.Sprintf(" WHERE %s IS NULL", Published)
-	}
-	var most *int64
-	if err := r.queryRow(ctx, q).Scan(&most); err != nil {
-		return fmt.Errorf("poll mode: read the largest %s of %s: %w", r.seq, name, err)
-	}
 	if most != nil && *next <= *most {
 		return fmt.Errorf("%w: the sequence %s hands out %d next, but %s already holds %s = %d (a cutover or copy that kept the rows but not the sequence?): new events would be published before older ones of their aggregate, and share values with them. Move the sequence past the table, as its owner: SELECT setval('%s', (SELECT max(%s) FROM %s))",
 			ErrNotPrepared, seqName, *next, name, r.seq, *most, seqName, col, name)
 	}
 	return nil
+}
+
+// Readers counts the poll-mode readers of schema.table running now (their
+// sessions hold the membership lock Open takes): the WAL relay asks before
+// it takes over from them.
+func Readers(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema, table string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT count(DISTINCT pid) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = $1::bigint::oid AND objsubid = 2`, lockKey("outbox-poll-readers:"+pgx.Identifier{schema, table}.Sanitize())).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count the poll-mode readers of %s.%s: %w", schema, table, err)
+	}
+	return n, nil
 }
