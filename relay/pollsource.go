@@ -95,6 +95,10 @@ func (r *Relay) pollSession(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	rd.Queries = func(kind string) { r.metrics.PollQueries.WithLabelValues(kind).Inc() }
+	if !rd.BucketIndexed() {
+		r.log.Warn("poll mode: no index on the outbox serves reads by bucket for this OUTBOX_POLL_BUCKETS and key column, so every read walks all the unpublished rows of the table, one hot aggregate's backlog included; create it (sql/variants/outbox_poll.sql makes the one for 16 buckets of aggregateid)",
+			"statement", rd.BucketIndex())
+	}
 
 	var relID uint32
 	if err := conn.QueryRow(stop.read, "SELECT $1::regclass::oid", pgx.Identifier{r.schema, r.table}.Sanitize()).Scan(&relID); err != nil {

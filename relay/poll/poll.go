@@ -32,6 +32,7 @@ package poll
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -113,6 +114,8 @@ type Reader struct {
 	own  []int  // buckets held, sorted
 
 	query    string // the read's SQL for the buckets held
+	indexed  bool   // an index on the bucket serves the reads
+	skip     int    // the read's leading columns that are not the table's
 	mark     string
 	markFree string // marks the rows of a batch not locked (markUnlocked)
 	unmark   string // counts the rows of a mark still unpublished
@@ -249,6 +252,9 @@ FROM (SELECT %[1]s::bigint AS seq, %[2]s AS at, (hashtext(coalesce(%[3]s::text, 
 	if _, err := r.exec(ctx, fmt.Sprintf("UPDATE %s SET %s = %s WHERE false", name, Published, Published)); err != nil {
 		return nil, fmt.Errorf("poll mode: the relay must be able to mark rows (UPDATE %s of %s): %w", Published, name, err)
 	}
+	if r.indexed, err = r.bucketIndexed(ctx, name); err != nil {
+		return nil, err
+	}
 	r.memb = lockKey("outbox-poll-readers:" + name)
 	conf, mine := lockKey("outbox-poll-config:"+name), lockKey(fmt.Sprintf("%d/%s", cfg.Buckets, cfg.Key))
 	// The lock first, then the look: two instances starting together with
@@ -268,6 +274,75 @@ FROM (SELECT %[1]s::bigint AS seq, %[2]s AS at, (hashtext(coalesce(%[3]s::text, 
 		return nil, fmt.Errorf("%w: %d reader(s) of %s run with another OUTBOX_POLL_BUCKETS or table.field.event.key than this one (%d, %q); every instance of a table must use the same: stop them all to change it", ErrNotPrepared, others, name, cfg.Buckets, cfg.Key)
 	}
 	return r, nil
+}
+
+// bucketExpr is a row's bucket, as SQL. A NULL key hashes as '': every
+// row is in a bucket. An index on exactly this expression and seq, of the
+// unpublished rows, serves the reads (see BucketIndex).
+func (r *Reader) bucketExpr() string {
+	return fmt.Sprintf("((hashtext(coalesce(%s::text, '')) & 2147483647) %% %d)", pgx.Identifier{r.cfg.Key}.Sanitize(), r.cfg.Buckets)
+}
+
+// BucketIndex is the statement that creates the index serving the reads
+// of this configuration (sql/variants/outbox_poll.sql creates it for the
+// default 16 buckets of aggregateid).
+func (r *Reader) BucketIndex() string {
+	return fmt.Sprintf("CREATE INDEX CONCURRENTLY outbox_unpublished_bucket%d_idx ON %s (%s, %s) WHERE %s IS NULL",
+		r.cfg.Buckets, pgx.Identifier{r.cfg.Schema, r.cfg.Table}.Sanitize(), r.bucketExpr(), pgx.Identifier{r.seq}.Sanitize(), Published)
+}
+
+// BucketIndexed reports whether an index serves the reads by bucket; when
+// not, a read walks every unpublished row of the table to find its
+// buckets' (say so, with BucketIndex).
+func (r *Reader) BucketIndexed() bool { return r.indexed }
+
+// bucketIndexed asks the planner whether a read of one bucket can use an
+// index on the bucket expression: with sequential and bitmap scans off, its
+// plan has an index condition on hashtext exactly when such an index
+// exists (comparing index definitions as text would depend on how the
+// server spells them).
+func (r *Reader) bucketIndexed(ctx context.Context, name string) (bool, error) {
+	tctx, cancel := r.bound(ctx)
+	defer cancel()
+	defer func() { r.last = time.Now() }()
+	tx, err := r.conn.Begin(tctx)
+	if err != nil {
+		return false, fmt.Errorf("poll mode: look for the bucket index of %s: %w", name, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var plan string
+	_, err = tx.Exec(tctx, "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off", pgx.QueryExecModeSimpleProtocol)
+	if err == nil {
+		err = tx.QueryRow(tctx, fmt.Sprintf("EXPLAIN (FORMAT JSON) SELECT 1 FROM %s WHERE %s IS NULL AND %s = 0 ORDER BY %s LIMIT 1",
+			name, Published, r.bucketExpr(), pgx.Identifier{r.seq}.Sanitize())).Scan(&plan)
+	}
+	if err != nil {
+		return false, fmt.Errorf("poll mode: look for the bucket index of %s: %w", name, err)
+	}
+	var nodes []any
+	if err := json.Unmarshal([]byte(plan), &nodes); err != nil {
+		return false, fmt.Errorf("poll mode: read the plan of a read of %s: %w", name, err)
+	}
+	return indexCondOn(nodes, "hashtext("), nil
+}
+
+// indexCondOn reports whether a node of an EXPLAIN (FORMAT JSON) plan has
+// an index condition that mentions what.
+func indexCondOn(v any, what string) bool {
+	switch n := v.(type) {
+	case []any:
+		return slices.ContainsFunc(n, func(e any) bool { return indexCondOn(e, what) })
+	case map[string]any:
+		if c, ok := n["Index Cond"].(string); ok && strings.Contains(c, what) {
+			return true
+		}
+		for _, e := range n {
+			if indexCondOn(e, what) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lockKey is a stable advisory-lock key for a name (non-negative, so that
@@ -547,13 +622,36 @@ func (r *Reader) Read(ctx context.Context) ([]Row, error) {
 			in[i] = strconv.Itoa(b)
 		}
 		seq := pgx.Identifier{r.seq}.Sanitize()
-		r.query = fmt.Sprintf(`SELECT * FROM (
+		tbl := pgx.Identifier{r.cfg.Schema, r.cfg.Table}.Sanitize()
+		from := fmt.Sprintf("%s o WHERE %s IS NULL AND %s IN (%s)", tbl, Published, r.bucketExpr(), strings.Join(in, ","))
+		if r.indexed {
+			// One branch a bucket, each an index scan in seq order on the
+			// bucket index, merged: a bucket with nothing costs one probe,
+			// however large another's backlog (one IN over all of them
+			// walks every unpublished row of the table).
+			// Each branch sizes its own rows: a whole-row reference to
+			// the union would keep the planner from merging the
+			// branches' ordered scans (it sorted every row instead).
+			branches := make([]string, len(in))
+			for i, b := range in {
+				branches[i] = fmt.Sprintf("(SELECT pg_column_size(x.*) AS \"outbox.poll.size\", x.* FROM %s x WHERE %s IS NULL AND %s = %s ORDER BY %s)", tbl, Published, r.bucketExpr(), b, seq)
+			}
+			r.query = fmt.Sprintf(`SELECT * FROM (
+  SELECT %[1]s AS "outbox.poll.seq", sum("outbox.poll.size") OVER (ORDER BY %[1]s) - "outbox.poll.size" AS "outbox.poll.before", o.*
+  FROM (%[2]s) o
+  ORDER BY %[1]s LIMIT %[3]d) s
+WHERE "outbox.poll.before" < %[4]d ORDER BY "outbox.poll.seq"`,
+				seq, strings.Join(branches, " UNION ALL "), r.cfg.Batch, r.cfg.BatchBytes)
+			r.skip = 3
+		} else {
+			r.query = fmt.Sprintf(`SELECT * FROM (
   SELECT %[1]s AS "outbox.poll.seq", sum(pg_column_size(o.*)) OVER (ORDER BY %[1]s) - pg_column_size(o.*) AS "outbox.poll.before", o.*
-  FROM %[2]s o WHERE %[3]s IS NULL AND (hashtext(coalesce(%[4]s::text, '')) & 2147483647) %% %[5]d IN (%[6]s)
-  ORDER BY %[1]s LIMIT %[7]d) s
-WHERE "outbox.poll.before" < %[8]d ORDER BY "outbox.poll.seq"`,
-			seq, pgx.Identifier{r.cfg.Schema, r.cfg.Table}.Sanitize(), Published,
-			pgx.Identifier{r.cfg.Key}.Sanitize(), r.cfg.Buckets, strings.Join(in, ","), r.cfg.Batch, r.cfg.BatchBytes)
+  FROM %[2]s
+  ORDER BY %[1]s LIMIT %[3]d) s
+WHERE "outbox.poll.before" < %[4]d ORDER BY "outbox.poll.seq"`,
+				seq, from, r.cfg.Batch, r.cfg.BatchBytes)
+			r.skip = 2
+		}
 	}
 	r.Queries("read")
 	ctx, cancel := r.bound(ctx)
@@ -565,7 +663,7 @@ WHERE "outbox.poll.before" < %[8]d ORDER BY "outbox.poll.seq"`,
 	}
 	defer rows.Close()
 	// A copy: pgx reuses its field descriptions for the next statement.
-	fields := slices.Clone(rows.FieldDescriptions()[2:])
+	fields := slices.Clone(rows.FieldDescriptions()[r.skip:])
 	var out []Row
 	size := 0
 	for rows.Next() {
@@ -575,7 +673,7 @@ WHERE "outbox.poll.before" < %[8]d ORDER BY "outbox.poll.seq"`,
 			return nil, fmt.Errorf("poll mode: the sequence column %s holds %q: %w", r.seq, raw[0], err)
 		}
 		row := Row{Seq: seq, Fields: fields, Values: make([][]byte, len(fields))}
-		for i, v := range raw[2:] {
+		for i, v := range raw[r.skip:] {
 			if v != nil {
 				row.Values[i] = append([]byte{}, v...)
 			}

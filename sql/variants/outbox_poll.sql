@@ -23,6 +23,16 @@ ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS published_at timestamptz;
 -- marked and vacuumed).
 CREATE INDEX IF NOT EXISTS outbox_unpublished_idx ON public.outbox (seq) WHERE published_at IS NULL;
 
+-- The same rows by bucket (the relay's OUTBOX_POLL_BUCKETS, 16 by default,
+-- of the aggregate id): a reader reads each of its buckets through it, so a
+-- bucket with nothing to publish costs one probe however large another
+-- bucket's backlog (one hot aggregate). Its expression must be the relay's
+-- exactly: with another bucket count or key column, create the one the
+-- relay names in its log at start (CREATE INDEX CONCURRENTLY …) and drop
+-- this one.
+CREATE INDEX IF NOT EXISTS outbox_unpublished_bucket16_idx ON public.outbox
+    (((hashtext(coalesce(aggregateid::text, '')) & 2147483647) % 16), seq) WHERE published_at IS NULL;
+
 -- seq names a row (with its id) when the relay marks it, and orders an
 -- aggregate's events: two rows must never share it. A cutover that keeps the
 -- rows but not the sequence (logical replication carries no sequence values,
