@@ -624,17 +624,26 @@ func (r *Reader) Read(ctx context.Context) ([]Row, error) {
 		seq := pgx.Identifier{r.seq}.Sanitize()
 		tbl := pgx.Identifier{r.cfg.Schema, r.cfg.Table}.Sanitize()
 		from := fmt.Sprintf("%s o WHERE %s IS NULL AND %s IN (%s)", tbl, Published, r.bucketExpr(), strings.Join(in, ","))
-		if r.indexed {
+		if r.indexed && len(r.own) < r.cfg.Buckets {
+			// A reader of every bucket (one instance) reads in seq order
+			// alone: its rows are all of them, and the seq index walks the
+			// heap in the order rows were written, where one branch a
+			// bucket visits every page once a bucket (measured behind a
+			// held horizon with 300k marks: 37 ms against 155 ms).
+			//
 			// One branch a bucket, each an index scan in seq order on the
 			// bucket index, merged: a bucket with nothing costs one probe,
 			// however large another's backlog (one IN over all of them
 			// walks every unpublished row of the table).
-			// Each branch sizes its own rows: a whole-row reference to
+			// Each branch sizes its own rows (a whole-row reference to
 			// the union would keep the planner from merging the
-			// branches' ordered scans (it sorted every row instead).
+			// branches' ordered scans) and is ordered and limited: the
+			// planner merges them lazily, reading about a batch in all,
+			// and where it sorts instead (it did, over 16 busy buckets),
+			// it sorts at most a batch a bucket, never a backlog.
 			branches := make([]string, len(in))
 			for i, b := range in {
-				branches[i] = fmt.Sprintf("(SELECT pg_column_size(x.*) AS \"outbox.poll.size\", x.* FROM %s x WHERE %s IS NULL AND %s = %s ORDER BY %s)", tbl, Published, r.bucketExpr(), b, seq)
+				branches[i] = fmt.Sprintf("(SELECT pg_column_size(x.*) AS \"outbox.poll.size\", x.* FROM %s x WHERE %s IS NULL AND %s = %s ORDER BY %s LIMIT %d)", tbl, Published, r.bucketExpr(), b, seq, r.cfg.Batch)
 			}
 			r.query = fmt.Sprintf(`SELECT * FROM (
   SELECT %[1]s AS "outbox.poll.seq", sum("outbox.poll.size") OVER (ORDER BY %[1]s) - "outbox.poll.size" AS "outbox.poll.before", o.*
