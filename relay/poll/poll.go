@@ -88,7 +88,7 @@ var ErrNotMarked = errors.New("poll mode could not mark rows published: the UPDA
 // ErrMarkedMore says a mark would have changed more rows than the batch
 // read: rows share their seq and id (a copy loaded twice). Nothing is
 // marked; publishing on could mark a row never read.
-var ErrMarkedMore = errors.New("poll mode: a mark would change more rows than were read, so rows share their seq and event id (a copy of the outbox loaded twice?); nothing was marked. Remove the duplicate rows")
+var ErrMarkedMore = errors.New("poll mode: a mark would change more rows than were read, so rows share their seq and event id (a copy of the outbox loaded twice?); nothing was marked, and the batch is tried again until it is fixed. Keep one copy of each: mark the others published by their ctid (UPDATE ... SET published_at = now() WHERE ctid = ...; an unpublished row cannot be deleted in poll mode), then delete them")
 
 // ErrMarkLocked says rows of a batch could not be marked because another
 // transaction holds a row lock on them; the others were marked. Mark again
@@ -203,11 +203,16 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 	if cfg.ID == "" {
 		cfg.ID, r.cfg.ID = "id", "id"
 	}
-	var hasID bool
-	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, name, cfg.ID).Scan(&hasID); err != nil {
+	// The id column's type: a mark compares the id read (its text) cast
+	// back to it. Compared as text instead, a char(n) id (whose text cast
+	// drops the padding the value read carries) matched no row, and every
+	// batch was published again for ever, the mark saying nothing.
+	var idType string
+	err = r.queryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped`, name, cfg.ID).Scan(&idType)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("poll mode: inspect %s: %w", name, err)
 	}
-	if !hasID {
+	if idType == "" {
 		return nil, fmt.Errorf("%w: %s has no column %q (the router's table.field.event.id), which names each row a mark publishes", ErrNotPrepared, name, cfg.ID)
 	}
 	if err := r.checkSequence(ctx, name); err != nil {
@@ -220,14 +225,14 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 	// inserted OVERRIDING SYSTEM VALUE), and marking by it marked rows of
 	// other buckets that nobody had read. The seq lets the partial index
 	// find the row; the id tells it apart.
-	r.mark = fmt.Sprintf("UPDATE %[1]s t SET %[2]s = now() FROM unnest($1::bigint[], $2::text[]) AS m(seq, id) WHERE t.%[3]s = m.seq AND t.%[4]s::text = m.id AND t.%[2]s IS NULL", name, Published, q, id)
+	r.mark = fmt.Sprintf("UPDATE %[1]s t SET %[2]s = now() FROM unnest($1::bigint[], $2::text[]) AS m(seq, id) WHERE t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s AND t.%[2]s IS NULL", name, Published, q, id, idType)
 	// The rows of a batch no other transaction has locked, marked, and
 	// how many are locked (unpublished, not taken).
-	r.markFree = fmt.Sprintf(`WITH want AS (SELECT t.%[3]s AS seq, t.%[4]s::text AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s::text = m.id WHERE t.%[2]s IS NULL),
-free AS (SELECT t.%[3]s AS seq, t.%[4]s::text AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s::text = m.id WHERE t.%[2]s IS NULL FOR UPDATE OF t SKIP LOCKED),
-done AS (UPDATE %[1]s t SET %[2]s = now() FROM free WHERE t.%[3]s = free.seq AND t.%[4]s::text = free.id AND t.%[2]s IS NULL RETURNING 1)
-SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM want) - (SELECT count(*) FROM free)`, name, Published, q, id)
-	r.unmark = fmt.Sprintf("SELECT count(*) FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s::text = m.id WHERE t.%[2]s IS NULL", name, Published, q, id)
+	r.markFree = fmt.Sprintf(`WITH want AS (SELECT t.%[3]s AS seq, t.%[4]s AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL),
+free AS (SELECT t.%[3]s AS seq, t.%[4]s AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL FOR UPDATE OF t SKIP LOCKED),
+done AS (UPDATE %[1]s t SET %[2]s = now() FROM free WHERE t.%[3]s = free.seq AND t.%[4]s = free.id AND t.%[2]s IS NULL RETURNING 1)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM want) - (SELECT count(*) FROM free)`, name, Published, q, id, idType)
+	r.unmark = fmt.Sprintf("SELECT count(*) FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL", name, Published, q, id, idType)
 	created := "NULL::timestamptz"
 	var hasCreated bool
 	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'created_at' AND NOT attisdropped AND atttypid = 'timestamptz'::regtype)`, name).Scan(&hasCreated); err != nil {
@@ -813,16 +818,12 @@ func (r *Reader) markUnlocked(ctx context.Context, seqs []int64, ids []string, c
 	return fmt.Errorf("%w: %d of the batch's rows are locked by another transaction (an open UPDATE or SELECT ... FOR UPDATE on %s.%s: see pg_locks), %d others marked: %w", ErrMarkLocked, locked, r.cfg.Schema, r.cfg.Table, marked, cause)
 }
 
-// querySeqAhead reads, for the sequence filling the seq column ($2 of the
-// table $1), the value it hands out next (NULL: the role may not read it)
-// and the largest seq in the table: of all rows where an index leads with
-// seq (the variant's unique index: cheap), else of the unpublished ones
-// (the partial index; enough for the order of what is still to publish).
-const querySeqAhead = `SELECT CASE WHEN s.last_value IS NULL AND has_sequence_privilege(s.seq, 'SELECT, USAGE') THEN q.seqstart
-            WHEN s.last_value IS NULL THEN NULL ELSE s.last_value + q.seqincrement END,
-       s.seq::text, q.seqincrement
-FROM (SELECT pg_get_serial_sequence($1, $2)::regclass AS seq) x
-CROSS JOIN LATERAL (SELECT x.seq, (SELECT last_value FROM pg_sequences WHERE format('%I.%I', schemaname, sequencename)::regclass = x.seq) AS last_value) s
+// querySequence names the sequence filling the seq column ($2 of the table $1),
+// its increment, and whether the role may read it. By the sequence's oid:
+// a cast of every pg_sequences row's name to regclass checks USAGE on its
+// schema, and another schema's sequence refused the whole query.
+const querySequence = `SELECT s.seq::text, q.seqincrement, has_sequence_privilege(s.seq, 'SELECT')
+FROM (SELECT pg_get_serial_sequence($1, $2)::regclass AS seq) s
 JOIN pg_sequence q ON q.seqrelid = s.seq`
 
 // checkSequence refuses a sequence behind the table: a cutover that kept
@@ -849,22 +850,36 @@ func (r *Reader) checkSequence(ctx context.Context, name string) error {
 	if err := r.queryRow(ctx, q).Scan(&most); err != nil {
 		return fmt.Errorf("poll mode: read the largest %s of %s: %w", r.seq, name, err)
 	}
-	var next *int64
 	var seqName string
 	var inc int64
+	var readable bool
 	r.Queries("check")
-	if err := r.queryRow(ctx, querySeqAhead, name, r.seq).Scan(&next, &seqName, &inc); err != nil {
-		return fmt.Errorf("poll mode: read the sequence of %s.%s: %w", name, r.seq, err)
+	if err := r.queryRow(ctx, querySequence, name, r.seq).Scan(&seqName, &inc, &readable); err != nil {
+		return fmt.Errorf("poll mode: find the sequence of %s.%s: %w", name, r.seq, err)
 	}
-	if next == nil {
+	if !readable {
 		return fmt.Errorf("%w: the relay's role cannot read the sequence %s that fills %s.%s, so it cannot check that the sequence is ahead of the table (a cutover that kept the rows but not the sequence reorders and loses events); GRANT SELECT ON SEQUENCE %s TO the relay's role (sql/variants/outbox_poll.sql does it for outbox_poller)", ErrNotPrepared, seqName, name, r.seq, seqName)
 	}
 	if inc <= 0 {
 		return fmt.Errorf("%w: the sequence %s that fills %s.%s counts down (INCREMENT %d): later events would sort first; it must count up", ErrNotPrepared, seqName, name, r.seq, inc)
 	}
-	if most != nil && *next <= *most {
-		return fmt.Errorf("%w: the sequence %s hands out %d next, but %s already holds %s = %d (a cutover or copy that kept the rows but not the sequence?): new events would be published before older ones of their aggregate, and share values with them. Move the sequence past the table, as its owner: SELECT setval('%s', (SELECT max(%s) FROM %s))",
-			ErrNotPrepared, seqName, *next, name, r.seq, *most, seqName, col, name)
+	// The value it hands out next, from the sequence itself: after ALTER
+	// SEQUENCE ... RESTART or setval(..., false) it has handed out nothing
+	// since, and next is last_value itself (pg_sequences shows NULL then).
+	// seqName is pg_get_serial_sequence's, quoted as SQL needs.
+	var last int64
+	var called bool
+	if err := r.queryRow(ctx, "SELECT last_value, is_called FROM "+seqName).Scan(&last, &called); err != nil {
+		return fmt.Errorf("poll mode: read the sequence %s: %w", seqName, err)
+	}
+	next := last
+	if called {
+		next = last + inc
+	}
+	if most != nil && next <= *most {
+		return fmt.Errorf("%w: the sequence %s hands out %d next, but %s already holds %s = %d (a cutover or copy that kept the rows but not the sequence?): new events would be published before older ones of their aggregate, and share values with them. Move the sequence past the table, as its owner: SELECT setval('%s', (SELECT max(%s) FROM %s)); "+
+			"rows written since the cutover took values below older unpublished rows of their aggregate: with the writers paused, renumber them after the setval (UPDATE %s SET %s = DEFAULT WHERE %s IS NULL AND <written since the cutover>, in the order they were written)",
+			ErrNotPrepared, seqName, next, name, r.seq, *most, seqName, col, name, name, col, Published)
 	}
 	return nil
 }

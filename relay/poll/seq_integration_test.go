@@ -253,3 +253,73 @@ func TestOpenRefusesRowSecurity(t *testing.T) {
 		t.Fatalf("Open as a BYPASSRLS role: %v", err)
 	}
 }
+
+// TestMarkCharID: a char(n) event id reads padded, and its text cast drops
+// the padding: compared as text, the mark matched no row and said nothing,
+// and every batch was published again for ever. The id read is cast back
+// to the column's type.
+func TestMarkCharID(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	admin := pg.Conn(t, "outbox")
+	for _, q := range []string{
+		`ALTER TABLE outbox ALTER COLUMN id TYPE char(40) USING id::text`,
+		`INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ('abc', 'Order', 'o1', 'Placed', '{}'), ('def', 'Order', 'o2', 'Placed', '{}')`,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := Open(ctx, pg.Conn(t, "outbox"), Config{Schema: "public", Table: "outbox", Key: "aggregateid", ID: "id", Buckets: 1, Batch: 10, BatchBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.own = []int{0}
+	rows, err := r.Read(ctx)
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("read %d rows (%v); want 2", len(rows), err)
+	}
+	if err := r.Mark(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := r.Read(ctx); err != nil || len(again) != 0 {
+		t.Fatalf("after the mark a read returned %d rows (%v); want none", len(again), err)
+	}
+}
+
+// TestOpenSequenceStates: the start check reads the sequence itself, as
+// the relay's least-privilege role: a sequence restarted ahead of the
+// table (nothing handed out since: pg_sequences shows no last value) is
+// ahead, and another schema's sequence the role may not use does not stop
+// the check (a cast of every sequence's name to regclass checked USAGE on
+// each schema, and was refused).
+func TestOpenSequenceStates(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	admin := pg.Conn(t, "outbox")
+	for _, q := range []string{
+		`INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) SELECT gen_random_uuid(), 'Order', 'o' || g, 'Placed', '{}' FROM generate_series(1, 5) g`,
+		`ALTER TABLE outbox ALTER COLUMN seq RESTART WITH 1000`,
+		`CREATE SCHEMA billing`,
+		`CREATE SEQUENCE billing.invoice_no`,
+		`REVOKE ALL ON SCHEMA billing FROM PUBLIC`,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pgx.Connect(ctx, pg.DSNUser("outbox", "outbox_poller"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := Open(ctx, conn, Config{Schema: "public", Table: "outbox", Key: "aggregateid", ID: "id", Buckets: 1, Batch: 10, BatchBytes: 1 << 20}); err != nil {
+		t.Fatalf("Open as outbox_poller, the sequence restarted at 1000 above a table at 5, beside a schema it may not use: %v", err)
+	}
+}
