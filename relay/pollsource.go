@@ -246,10 +246,12 @@ func (r *Relay) pollLoop(stop *stopper, rd *poll.Reader, tr *tracker.Tracker, ev
 		r.lookStall(time.Now())
 		began := time.Now()
 		rows, err := rd.Read(stop.read)
+		// A read that fails is timed too: one that passes the statement
+		// bound is the slowest of all.
+		r.metrics.PollReadSeconds.Observe(time.Since(began).Seconds())
 		if err != nil {
 			return err
 		}
-		r.metrics.PollReadSeconds.Observe(time.Since(began).Seconds())
 		if len(rows) == 0 {
 			select {
 			case <-wake:
@@ -404,8 +406,10 @@ func (w *oldestWatch) clear() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	// Not failingFrom: marks that keep failing across sessions are one
-	// stall (markDone ends it).
-	w.seq, w.at, w.unownedFrom = 0, time.Time{}, time.Time{}
+	// stall (markDone ends it). Nor the row's age: between sessions it is
+	// what was last seen, not 0, or a session that fails again and again
+	// would keep resetting OutboxPollBacklogOld's for-duration.
+	w.unownedFrom = time.Time{}
 }
 
 // stuck says whether either lasted longer than timeout, and why.

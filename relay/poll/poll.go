@@ -245,7 +245,7 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM want) - (SELECT count(
 	// The oldest unpublished row, when it was written (if the table says),
 	// and whether a reader that is not silent (see queryShares) holds its
 	// bucket.
-	r.oldest = fmt.Sprintf(`SELECT o.seq, o.at, EXISTS (SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity s ON s.pid = l.pid
+	r.oldest = fmt.Sprintf(`SELECT o.seq, o.at, clock_timestamp(), EXISTS (SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity s ON s.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.classid = %[6]d::bigint::oid AND l.objsubid = 2 AND l.objid = o.bucket::bigint::oid
       AND NOT coalesce(l.pid <> pg_backend_pid() AND (s.state <> 'active' OR s.wait_event = 'ClientWrite') AND s.state_change < now() - $1::interval, false))
@@ -591,19 +591,24 @@ func (r *Reader) Rebalance(ctx context.Context) (Shares, error) {
 }
 
 // Oldest returns the unpublished row that comes first in the table (seq 0:
-// none), when it was written (zero when the table does not say), and
+// none), when it was written on this process's clock (zero when the table
+// does not say), and
 // whether a reader holds its bucket.
 func (r *Reader) Oldest(ctx context.Context) (seq int64, at time.Time, owned bool, err error) {
 	var atp *time.Time
+	var server time.Time
 	r.Queries("oldest")
-	if err := r.queryRow(ctx, r.oldest, r.silence()).Scan(&seq, &atp, &owned); err != nil {
+	if err := r.queryRow(ctx, r.oldest, r.silence()).Scan(&seq, &atp, &server, &owned); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, time.Time{}, false, nil
 		}
 		return 0, time.Time{}, false, fmt.Errorf("poll mode: read the oldest unpublished row: %w", err)
 	}
 	if atp != nil {
-		at = *atp
+		// On this process's clock: created_at is the server's, and the
+		// age is taken here, later, against time.Now; a skew between the
+		// two clocks would add to (or hide) the age.
+		at = atp.Add(time.Since(server))
 	}
 	return seq, at, owned, nil
 }
