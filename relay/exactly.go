@@ -43,6 +43,9 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 	if err := offsets.Ensure(ctx, kadm.NewClient(kcl), topic, r.cfg.TopicCreate, int16(r.cfg.TopicReplicationFactor)); err != nil {
 		var me *offsets.MissingError
 		var ne *offsets.NotCompactedError
+		if errors.As(err, &me) {
+			r.metrics.TopicMissing.WithLabelValues(topic).Set(1)
+		}
 		if errors.As(err, &me) || errors.As(err, &ne) {
 			return nil, &fatal.Error{Msg: "the exactly-once offsets topic", Err: err}
 		}
@@ -51,6 +54,10 @@ func (r *Relay) exactlyOnce(ctx context.Context, kcl *kgo.Client, c *conns, sys 
 		}
 		return nil, &kafkaError{err}
 	}
+	// It exists (again): a session that found it deleted left its alarm
+	// on (see publish's offsetsGone) for this start to end. What its
+	// positions say is checked below.
+	r.metrics.TopicMissing.DeleteLabelValues(topic)
 	o := &publish.Offsets{
 		Topic: topic,
 		Key:   offsets.Key{SystemID: sys.SystemID, Database: db, Slot: r.cfg.Slot},

@@ -55,6 +55,13 @@ func startRelayRouting(t testing.TB, cfg config.Config, rcfg route.Config) *runn
 // startRelayFaults is startRelayRouting with a fault hook.
 func startRelayFaults(t testing.TB, cfg config.Config, rcfg route.Config, hook fault.Hook) *running {
 	t.Helper()
+	return startRelayPrepared(t, cfg, rcfg, func(r *Relay) { r.faults = hook })
+}
+
+// startRelayPrepared is startRelayRouting with prepare run on the relay
+// before it starts (its test-only fields).
+func startRelayPrepared(t testing.TB, cfg config.Config, rcfg route.Config, prepare func(*Relay)) *running {
+	t.Helper()
 	router, err := route.New(rcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +73,7 @@ func startRelayFaults(t testing.TB, cfg config.Config, rcfg route.Config, hook f
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 	m := metrics.New()
 	r := New(cfg, router, log, m)
-	r.faults = hook
+	prepare(r)
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &running{cancel: cancel, done: make(chan error, 1), relay: r, m: m}
 	go func() { run.done <- r.Run(ctx) }()

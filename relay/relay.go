@@ -78,6 +78,10 @@ type Relay struct {
 
 	// faults, set by tests only, fails or stops a session at a named step.
 	faults fault.Hook
+	// replicationDSN, set by tests only, is the replication connection's
+	// connection string (empty: OUTBOX_PG_DSN's), so that a test can put
+	// that connection alone behind a proxy.
+	replicationDSN string
 }
 
 // TokenHeader is the record header carrying the lease's fencing token
@@ -534,7 +538,17 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			return 0, st, nil, err
 		}
 		w := windowOf(st)
-		n, err := r.checkRecoverable(ctx, conn, st, w)
+		if st.SystemID != systemID {
+			has, err := r.hasCreatedAt(ctx, conn)
+			if err != nil {
+				return 0, st, nil, err
+			}
+			w = w.acrossClusters(has)
+		}
+		// Checked before the lost slot is dropped, so that a refusal
+		// changes nothing; and again in the snapshot the window is read
+		// from (openSnapshot), which is what the publish relies on.
+		n, err := r.checkRecoverable(ctx, conn, w)
 		if err != nil {
 			return 0, st, nil, err
 		}
@@ -562,6 +576,31 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		exists = false
 	}
 	if !exists {
+		if hasState && st.SystemID != systemID && window == nil {
+			// Another cluster's state row (a logical restore, or a copy of
+			// the database onto another cluster, the state table copied
+			// along) and no slot here. Not a new deployment: the row says a
+			// connector streamed this outbox, and what it had not delivered
+			// when the copy was taken, and what was written since, would
+			// never be published (with OUTBOX_SNAPSHOT=never, nothing of
+			// it). Refused, as the same row beside a slot that exists is
+			// (checkpoint.CheckSlotAgainstState): what a Debezium operator
+			// learnt the hard way is that a connector that finds its
+			// offsets but not its slot, and creates one silently, skips
+			// everything in between; PostgreSQL itself never carries a
+			// slot across a logical restore. A warning and an initial
+			// snapshot would publish only what the table still holds,
+			// which nothing here shows to be whole.
+			if !r.cfg.AcceptSlotReset {
+				return 0, st, nil, fatal.Errorf("replication slot %q is missing, and the state row (public.outbox_connector_state) was written by another cluster: system identifier %s, this is %s "+
+					"(a logical restore or a copy of the database onto another cluster, the state table copied along). The events the connector there had not delivered (it confirmed %s there), and those written since, may never be published if this start took it for a new deployment. "+
+					"Start with OUTBOX_ON_SLOT_LOSS=recover (or run connector recover once) to create a new slot and publish again, from the outbox table, every event created since the row's last recovery point (by time: that cluster's transaction ids mean nothing here); "+
+					"or check the outbox table for events that never reached Kafka yourself, publish them, then start once with OUTBOX_ACCEPT_SLOT_RESET=true to create a new slot (with OUTBOX_SNAPSHOT=initial it publishes the table as its initial snapshot)",
+					slot, st.SystemID, systemID, wal.FormatLSN(st.Confirmed))
+			}
+			r.log.Warn("OUTBOX_ACCEPT_SLOT_RESET=true: the state row was written by another cluster and its slot is missing here; creating a new slot as for a new deployment: events that cluster's connector had not delivered are not published again",
+				"slot", slot, "state_system_id", st.SystemID, "system_id", systemID, "snapshot", r.cfg.Snapshot)
+		}
 		if hasState && !creating && st.SystemID == systemID && !r.cfg.AcceptSlotReset {
 			return 0, st, nil, fatal.Errorf("replication slot %q is gone, but the connector streamed it before (confirmed %s): it was dropped behind the connector's back (or this server is a standby promoted without it), so events written since may never be published. "+
 				"Start with OUTBOX_ON_SLOT_LOSS=recover (or run connector recover once) to create a new slot and publish again, from the outbox table, every event that may not have been delivered; "+
@@ -586,10 +625,11 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 			// rather than adopt it as an operator's slot and skip the rows
 			// written before it.
 			intent := checkpoint.State{Slot: slot, SystemID: systemID, MessagesSeen: messages}
-			if window != nil && !window.whole {
-				// A recovery's intent keeps its window: the start after a
-				// failure here publishes it, not the whole table.
-				intent.Recovering, intent.Recover = true, window.from
+			if window != nil {
+				// A recovery's intent keeps its window (no point: the whole
+				// table) and what shows it whole: the start after a failure
+				// here publishes it, not the initial snapshot.
+				intent.Recovering, intent.Recover, intent.Floor = true, window.from, window.floor
 			}
 			if err := save(checkpoint.ResetState, intent); err != nil {
 				return 0, st, nil, err
@@ -598,28 +638,38 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 				return 0, st, nil, err
 			}
 		}
-		consistent, snapName, err := wal.CreateSlot(ctx, rconn, slot, initial, r.cfg.SlotFailover)
-		if err != nil {
-			return 0, st, nil, err
-		}
 		if !initial {
 			if err := r.checkPollHandover(ctx, conn); err != nil {
 				return 0, st, nil, err
 			}
 		}
+		consistent, snapName, err := wal.CreateSlot(ctx, rconn, slot, initial, r.cfg.SlotFailover)
+		if err != nil {
+			return 0, st, nil, err
+		}
 		r.log.Info("created replication slot", "slot", slot, "plugin", "pgoutput", "lsn", wal.FormatLSN(consistent), "snapshot", r.cfg.Snapshot, "failover", r.cfg.SlotFailover)
 		if err := r.faults.At(fault.SlotCreated); err != nil {
 			return 0, st, nil, err
 		}
+		if !initial {
+			if err := r.awaitPollHandover(ctx, conn); err != nil {
+				return 0, st, nil, err
+			}
+		}
 		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: consistent, SnapshotDone: !initial, MessagesSeen: messages}
-		if window != nil && !window.whole {
+		if window != nil {
 			st.Recovering, st.Recover = true, window.from
 		}
 		var snap *snapshot
 		if initial {
 			// Import the exported snapshot before anything else runs on the
-			// replication connection: the next command there ends it.
-			snap, err = r.openSnapshot(ctx, snapName, window)
+			// replication connection: the next command there ends it. It
+			// is the first to read the rows the slot owes: it takes their
+			// floor, recorded below.
+			snap, err = r.openSnapshot(ctx, snapName, window, checkpoint.Floor{})
+			if err == nil {
+				st.Floor = snap.floor
+			}
 			if err == nil {
 				err = r.faults.At(fault.SnapshotImported)
 			}
@@ -659,7 +709,7 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		// and streaming starts at the slot's own position. Rows committed
 		// in between are both read and streamed: duplicates, never losses.
 		r.log.Warn("found the slot this connector was creating when its last start failed; recording its position and taking the initial snapshot again", "slot", slot, "lsn", wal.FormatLSN(info.ConfirmedFlush), "recovering", st.Recovering)
-		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, Recovering: st.Recovering, Recover: st.Recover, MessagesSeen: st.MessagesSeen}
+		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, Recovering: st.Recovering, Recover: st.Recover, MessagesSeen: st.MessagesSeen, Floor: st.Floor}
 		if err := save(checkpoint.ResetState, st); err != nil {
 			return 0, st, nil, err
 		}
@@ -668,6 +718,11 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		}
 	}
 	if !hasState {
+		// A start that died waiting for poll mode's handover comes here
+		// with the slot it created: it waits again.
+		if err := r.awaitPollHandover(ctx, conn); err != nil {
+			return 0, st, nil, err
+		}
 		st = checkpoint.State{Slot: slot, SystemID: systemID, Confirmed: info.ConfirmedFlush, SnapshotDone: true}
 		if err := save(checkpoint.SaveState, st); err != nil {
 			return 0, st, nil, err
@@ -702,9 +757,25 @@ func (r *Relay) prepareSlot(ctx context.Context, t *lease.Term, conn *pgx.Conn, 
 		} else {
 			r.log.Warn("the initial snapshot did not complete before the last stop; taking it again from the table as it is now", "slot", slot)
 		}
-		snap, err := r.openSnapshot(ctx, "", w)
+		// A recovery keeps the floor its first snapshot took: what it owes
+		// was fixed then, and this snapshot is checked against it. An
+		// initial snapshot owes the table as it is when read, so each
+		// attempt takes its own; and a slot being created was never read
+		// (its exported snapshot is gone): this is its first snapshot.
+		floor := st.Floor
+		if w == nil || creating {
+			floor = checkpoint.Floor{}
+		}
+		snap, err := r.openSnapshot(ctx, "", w, floor)
 		if err != nil {
 			return 0, st, nil, err
+		}
+		if !floor.Taken {
+			st.Floor = snap.floor
+			if err := save(checkpoint.SaveState, st); err != nil {
+				snap.close(ctx)
+				return 0, st, nil, err
+			}
 		}
 		st.Timeline = timeline
 		return info.ConfirmedFlush, st, snap, nil

@@ -47,7 +47,17 @@ func (r *Relay) session(ctx context.Context, l *leadership, pool *pgxpool.Pool) 
 	if err != nil {
 		return err
 	}
-	defer c.close(context.WithoutCancel(ctx))
+	defer func() {
+		// Bounded: on a path gone silent the goodbye (Terminate) goes to a
+		// socket nothing drains, and must not hold up the next session.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		c.close(cctx)
+	}()
+	// What PostgreSQL holds the replication connection for (slot
+	// creation waiting for transactions, synchronized_standby_slots),
+	// said aloud; the watch ends before the connections close.
+	defer r.watchWalsender(stop.read, pool, c.rconn.PID())()
 	// The publication is created only together with a new slot (before
 	// it, so that it exists at the slot's consistent point); for a slot
 	// that exists a missing publication stops the connector (see
@@ -184,12 +194,18 @@ func hardContext(parent context.Context, d time.Duration) (context.Context, cont
 	return ctx, func() { stop(); cancel() }
 }
 
+// closeTimeout bounds closing a session's connections.
+const closeTimeout = 5 * time.Second
+
 // conns are a session's two connections to PostgreSQL: conn for queries
 // and the state row, rconn for replication.
 type conns struct {
 	conn    *pgx.Conn
 	rconn   *pgconn.PgConn
 	version int // server_version_num
+	// senderTimeout is rconn's wal_sender_timeout: the server's, capped at
+	// the lease TTL (never 0).
+	senderTimeout time.Duration
 }
 
 // close closes the replication connection first, then the other.
@@ -220,9 +236,13 @@ func (r *Relay) connect(ctx context.Context) (*conns, error) {
 }
 
 func (r *Relay) connectReplication(ctx context.Context, c *conns) error {
-	rcfg, err := pgconn.ParseConfig(r.cfg.PGDSN)
+	dsn := r.cfg.PGDSN
+	if r.replicationDSN != "" {
+		dsn = r.replicationDSN
+	}
+	rcfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return &fatal.Error{Msg: "OUTBOX_PG_DSN", Err: config.Redact(err, r.cfg.PGDSN)}
+		return &fatal.Error{Msg: "OUTBOX_PG_DSN", Err: config.Redact(err, dsn)}
 	}
 	rcfg.RuntimeParams["replication"] = "database"
 	// PostgreSQL 18 says it skipped the publication only by a WARNING
@@ -244,10 +264,30 @@ func (r *Relay) connectReplication(ctx context.Context, c *conns) error {
 	// A frozen leader keeps its session, and its walsender keeps the slot
 	// until wal_sender_timeout (60 s by default). Capped at the lease TTL on
 	// this connection, it lets go about when a standby may take over, even
-	// where the new leader may not terminate it.
-	if ttl := r.cfg.LeaseTTL.Milliseconds(); senderTimeout == 0 || senderTimeout > ttl {
-		rcfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(ttl, 10)
+	// where the new leader may not terminate it. It is capped at the
+	// stream's silence timeout too (see silenceTimeout), which must not be
+	// shorter: while the walsender decodes a large transaction it answers
+	// only every half of its own timeout, and a stream that took that for
+	// silence would reconnect and start the decode again, forever (seen
+	// with a 1 s silence timeout and a 4 s wal_sender_timeout: a 3-million-
+	// row transaction of another table was never got past).
+	limit := r.cfg.LeaseTTL
+	if r.cfg.StreamSilenceTimeout > 0 {
+		limit = min(limit, r.cfg.StreamSilenceTimeout)
+	} else {
+		limit = min(limit, maxSilence)
 	}
+	if ms := limit.Milliseconds(); senderTimeout == 0 || senderTimeout > ms {
+		rcfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(ms, 10)
+		senderTimeout = ms
+	}
+	c.senderTimeout = time.Duration(senderTimeout) * time.Millisecond
+	// No TCP_USER_TIMEOUT on this side of the connection: pgconn has no
+	// such client setting (tcp_user_timeout in the DSN is passed to the
+	// server as a startup parameter, and sets the walsender's socket, not
+	// ours; a custom DialFunc could set the socket option, on Linux only).
+	// A silent path is noticed by the stream instead, on any platform and
+	// with an error that says so (wal.Stream.SilenceTimeout).
 	c.rconn, err = pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return fmt.Errorf("open replication connection: %w", err)
@@ -343,6 +383,8 @@ func (r *Relay) stream(stop *stopper, c *conns, pool *pgxpool.Pool, prod *publis
 		r.lookStall(time.Now())
 	})
 	r.confirmed.Store(min(st.Confirmed, start))
+	// The stall watch reads the position the state row records from it.
+	r.stall.writer.Store(sw)
 	if eo != nil {
 		// The state row records the newest position Kafka committed, so
 		// that a start finding the offsets topic behind it says so.
@@ -372,12 +414,18 @@ func (r *Relay) stream(stop *stopper, c *conns, pool *pgxpool.Pool, prod *publis
 			p := snapshot.point
 			p.LSN = start
 			streamErr = sw.SnapshotDone(stop.read, p)
+			if streamErr != nil && stop.read.Err() == nil {
+				r.stateWriteFailed(streamErr)
+			}
 		}
 		snapshot.close(stop.soft)
 	}
 	if streamErr == nil {
 		writing.Go(func() error {
 			err := sw.Run(stop.read, r.cfg.StatusInterval)
+			if err != nil {
+				r.stateWriteFailed(err)
+			}
 			if err != nil && stop.read.Err() == nil {
 				stop.cutRead()
 			}
@@ -415,11 +463,14 @@ func (r *Relay) streamSlot(stop *stopper, c *conns, pool *pgxpool.Pool, tr *trac
 		RoutingColumns: wal.RoutingColumns(r.router.Config()),
 		// NOT NULL and defaults, for the schemas Debezium writes.
 		ColumnInfo: wal.ColumnInfoOf(pool),
+		// A path gone silent ends the session; the next reconnects.
+		SilenceTimeout: r.silenceTimeout(c),
 		Counters: wal.Counters{
 			Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
 			Refused: r.metrics.Refused.Inc,
 			Status:  r.metrics.StatusUpdates.Inc,
 			Message: sw.SawMessage,
+			Silent:  r.metrics.StreamSilent.Inc,
 		},
 	}
 	r.streaming.Store(true)
@@ -432,6 +483,28 @@ func (r *Relay) streamSlot(stop *stopper, c *conns, pool *pgxpool.Pool, tr *trac
 	return err
 }
 
+// maxSilence is the longest default silence timeout.
+const maxSilence = time.Minute
+
+// silenceTimeout is the stream's SilenceTimeout: OUTBOX_STREAM_SILENCE_TIMEOUT,
+// or by default the replication connection's wal_sender_timeout (the
+// server's, capped at the lease TTL and at maxSilence: 10s with the
+// defaults). Never shorter than that (connectReplication lowers the
+// connection's wal_sender_timeout to a shorter setting): it is as long as
+// the walsender waits for us before it takes us for dead, and a healthy
+// walsender answers a request for a reply within half of it even while it
+// decodes a large transaction (a 3-million-row transaction of another
+// table, decoded for 7.5 s with a 4 s timeout on PostgreSQL 15, and for 4 s
+// with a 1 s timeout on 13.23 and 15, was not taken for silence). So a
+// stream that asked a quarter of the way in and heard nothing by the end is
+// on a dead path, not behind a busy server.
+func (r *Relay) silenceTimeout(c *conns) time.Duration {
+	if r.cfg.StreamSilenceTimeout > 0 {
+		return r.cfg.StreamSilenceTimeout
+	}
+	return c.senderTimeout
+}
+
 // stopGraceful stops a stream that ended at a soft stop: reading has
 // stopped; wait for Kafka, record and confirm the last acked position, end
 // the stream cleanly. The state writer stops first so that Finish owns the
@@ -441,6 +514,7 @@ func (r *Relay) stopGraceful(stop *stopper, s *wal.Stream, tr *tracker.Tracker, 
 	_ = writing.Wait()
 	err := s.Finish(stop.hard, func(fctx context.Context) uint64 {
 		if err := sw.Write(fctx, max(tr.Acked(), s.SentFlush()), true); err != nil {
+			r.stateWriteFailed(err)
 			r.log.Warn("final state write failed", "err", err)
 		}
 		return sw.Durable()

@@ -28,11 +28,20 @@ type snapshot struct {
 	// point is the recovery point the snapshot gives once published: every
 	// row it does not show has an id at least its xmin (checkpoint.Point).
 	point checkpoint.Point
+	// floor is what the state row is to record of the rows the snapshot
+	// owes (checkpoint.Floor): the one given, or the one this snapshot took.
+	floor checkpoint.Floor
 }
 
 // openSnapshot opens the snapshot name (the table as it is now when name is
-// empty) for publishing window (nil: the whole table).
-func (r *Relay) openSnapshot(ctx context.Context, name string, window *recoveryWindow) (*snapshot, error) {
+// empty) for publishing window (nil: the whole table, an initial snapshot).
+// floor is what the state row records of the rows the snapshot owes; when
+// it has none (not taken), this snapshot is the first to read them and
+// takes it. A recovery's window is checked here, in the snapshot its rows
+// are read from (checkRecoverable): a check before it cannot see what a
+// retention deletes in between, nor, when the publish failed and this is
+// a later attempt, what it deleted since the first.
+func (r *Relay) openSnapshot(ctx context.Context, name string, window *recoveryWindow, floor checkpoint.Floor) (*snapshot, error) {
 	conn, err := pgx.Connect(ctx, r.cfg.PGDSN)
 	if err != nil {
 		return nil, fmt.Errorf("connect for the initial snapshot: %w", err)
@@ -64,7 +73,19 @@ func (r *Relay) openSnapshot(ctx context.Context, name string, window *recoveryW
 		conn.Close(ctx)
 		return nil, fmt.Errorf("read the snapshot's transaction horizon: %w", err)
 	}
-	return &snapshot{conn: conn, tx: tx, window: window, point: p}, nil
+	if window != nil {
+		if _, err := r.checkRecoverable(ctx, tx, *window); err != nil {
+			conn.Close(ctx)
+			return nil, err
+		}
+	}
+	if !floor.Taken {
+		if floor, err = r.takeFloor(ctx, tx, window); err != nil {
+			conn.Close(ctx)
+			return nil, err
+		}
+	}
+	return &snapshot{conn: conn, tx: tx, window: window, point: p, floor: floor}, nil
 }
 
 // checkRowSecurity refuses, as the deployment's to fix, a read of the
@@ -117,7 +138,7 @@ func (r *Relay) publishSnapshot(ctx context.Context, s *snapshot, tr *tracker.Tr
 		if err != nil {
 			return err
 		}
-		where, args = " WHERE "+windowWhere(has), append(args, s.window.args(r.cfg.RecoverMargin)...)
+		where, args = " WHERE "+windowWhere(has), append(args, s.window.args(r.cfg.RecoverMargin, has)...)
 		what = "recovery window"
 	}
 	q := fmt.Sprintf("SELECT * FROM %s%s ORDER BY %s", pgx.Identifier{r.schema, r.table}.Sanitize(), where, order)

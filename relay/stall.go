@@ -1,16 +1,21 @@
 package relay
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/pgoutbox/relay/checkpoint"
+	"github.com/pgoutbox/pgoutbox/relay/config"
 	"github.com/pgoutbox/pgoutbox/relay/metrics"
 	"github.com/pgoutbox/pgoutbox/relay/tracker"
+	"github.com/pgoutbox/pgoutbox/relay/wal"
 )
 
 // stallWatch is the liveness clock behind /healthz and
@@ -64,6 +69,12 @@ import (
 // first session that failed unproven (or from taking the lease), and stops
 // (not restarts) while a session runs: a stall once the clock passes the
 // timeout, and until a session proves itself.
+//
+// Delivered is not confirmed. A third clock (WAL mode) runs while events
+// delivered to Kafka wait for the position recorded in the state row, past
+// which nothing is confirmed to PostgreSQL, to move past them, and
+// restarts only when a write moves it: state writes that keep failing
+// leave it standing while every session delivers (see look).
 type stallWatch struct {
 	mu   sync.Mutex
 	tr   *tracker.Tracker // the tracker last looked at
@@ -95,6 +106,29 @@ type stallWatch struct {
 	// or that one, reached.
 	failed int
 	best   reach
+
+	// The position the state row records (WAL mode; see look): confMax is
+	// the furthest this term; unconf the end of the newest transaction
+	// with events delivered past it (0: none waits), and unconfAt since
+	// when such events have waited with it unmoved. Kept across sessions,
+	// like the debt: each session starts from the slot's confirmed
+	// position and delivers them again.
+	confMax, unconf tracker.LSN
+	unconfAt        time.Time
+	// stateErr is the last state write that failed (a session's writer),
+	// and when.
+	stateErr   string
+	stateErrAt time.Time
+	// writer is the current (or last) session's state writer: its
+	// recorded promise is the position looked at (nil: none, poll mode).
+	writer atomic.Pointer[checkpoint.Writer]
+	// held is what PostgreSQL holds the session's replication connection
+	// for (nil: nothing), a reason source (see Relay.watchWalsender);
+	// heldBy the outbox_connector_walsender_held_by series set for it,
+	// touched only by the watch's goroutine (a session joins its watch
+	// before it ends, so two never overlap).
+	held   atomic.Pointer[wal.Hold]
+	heldBy map[[2]string]bool
 }
 
 // reach is how far a session got: its acked position, and records acked
@@ -115,13 +149,37 @@ type stallState struct {
 	waiting  time.Duration // owed with no progress for this long (0 when nothing is owed)
 	setup    time.Duration // holding the lease with no session past setup (or none proven) for this long
 	failed   int           // sessions that got past setup and ended unproven in that time
+	// unconfirmed: events delivered (up to delivered) have waited this
+	// long for the position the state row records, which stands at
+	// confirmed (0 when none waits); stateErr is the last failed state
+	// write, stateErrAge ago.
+	unconfirmed          time.Duration
+	confirmed, delivered tracker.LSN
+	stateErr             string
+	stateErrAge          time.Duration
 }
 
 // look reads t (the current or last session's tracker; nil before the
 // first) at now. holding is false when this instance does not hold the
 // lease: then another instance owes the work, and nothing here is a stall.
-// streaming: a session is streaming the slot.
-func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, now time.Time) stallState {
+// streaming: a session is streaming the slot. confirmed is the position
+// the state row records (the writer's promise), past which nothing is
+// confirmed to PostgreSQL (0: none kept, poll mode).
+//
+// Delivering events is progress for the work owed, not for the slot: a
+// session whose state writes fail (a trigger that raises, a row lock held
+// by another session) delivers its events, ends at its first write, and
+// the next delivers them again from the slot's confirmed position, which
+// never moves while the WAL piles up. So events delivered past the
+// recorded position wait on a clock of their own, restarted only when a
+// write moves it. The recorded position, not the one last sent: that one
+// creeps up to the promise session after session while writes fail, and
+// each step would restart the clock. A healthy writer records a promise
+// past every acked position once per OUTBOX_STATUS_INTERVAL. With nothing
+// delivered there is nothing to record: an idle outbox, whose position
+// follows the keepalives' WAL end within the promise or stands still, is
+// never a stall.
+func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, confirmed tracker.LSN, now time.Time) stallState {
 	// Positions is read under w.mu: two lookers (a scrape and a health
 	// check) must not apply their readings out of order, or an older count
 	// would look like progress.
@@ -131,6 +189,7 @@ func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, now time.
 		w.tr, w.seen, w.stale = t, 0, true
 		w.debt, w.owedTo, w.reached, w.owed, w.setup = false, 0, reach{}, false, time.Time{}
 		w.live, w.base, w.proven, w.ended, w.failed, w.best = time.Time{}, reach{}, false, false, 0, reach{}
+		w.confMax, w.unconf = 0, 0
 		return stallState{}
 	}
 	if t != w.tr {
@@ -202,6 +261,26 @@ func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, now time.
 		w.owed = false
 		return s
 	}
+	if confirmed != 0 {
+		if confirmed > w.confMax {
+			w.confMax, w.unconfAt = confirmed, now
+		}
+		if p.LastEvent > confirmed && p.LastEvent > w.unconf {
+			if w.unconf == 0 {
+				w.unconfAt = now
+			}
+			w.unconf = p.LastEvent
+		}
+		if w.unconf <= w.confMax {
+			w.unconf = 0
+		}
+		if w.unconf != 0 {
+			s.unconfirmed, s.confirmed, s.delivered = now.Sub(w.unconfAt), w.confMax, w.unconf
+			if s.stateErr = w.stateErr; s.stateErr != "" {
+				s.stateErrAge = now.Sub(w.stateErrAt)
+			}
+		}
+	}
 	owed := p.InFlight > 0 || p.Dropped != 0 || w.debt
 	if progressed || owed && !w.owed {
 		w.at = now
@@ -211,6 +290,14 @@ func (w *stallWatch) look(t *tracker.Tracker, holding, streaming bool, now time.
 		s.inFlight, s.owed, s.waiting = p.InFlight, true, now.Sub(w.at)
 	}
 	return s
+}
+
+// stateFailed keeps a state write that failed at at, for the reason of
+// the stall it causes.
+func (w *stallWatch) stateFailed(msg string, at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stateErr, w.stateErrAt = msg, at
 }
 
 // ref is the reach a session must pass to prove itself: where it started,
@@ -257,6 +344,13 @@ func (w *stallWatch) sessionEnded(p tracker.Positions, now time.Time) {
 	}
 }
 
+// stateWriteFailed counts a state write that failed, and keeps it for the
+// reason of the stall it causes.
+func (r *Relay) stateWriteFailed(err error) {
+	r.metrics.StateWriteFailures.Inc()
+	r.stall.stateFailed(config.RedactError(err, r.cfg.PGDSN), time.Now())
+}
+
 // holding reports whether this instance holds the lease (a leader, or a
 // leader still setting up or reconnecting).
 func (r *Relay) holding() bool {
@@ -268,7 +362,11 @@ func (r *Relay) holding() bool {
 }
 
 func (r *Relay) lookStall(now time.Time) stallState {
-	return r.stall.look(r.cur.Load(), r.holding(), r.streaming.Load(), now)
+	var confirmed tracker.LSN
+	if sw := r.stall.writer.Load(); sw != nil {
+		confirmed = sw.Durable()
+	}
+	return r.stall.look(r.cur.Load(), r.holding(), r.streaming.Load(), confirmed, now)
 }
 
 func (r *Relay) stalledAt(now time.Time) (bool, string) {
@@ -277,6 +375,21 @@ func (r *Relay) stalledAt(now time.Time) (bool, string) {
 		words = pollStallWords
 	}
 	st, why := stalledSaid(r.lookStall(now), r.cfg.StallTimeout, r.LastError, words)
+	if h := r.stall.held.Load(); h != nil {
+		// PostgreSQL holds the replication connection (watchWalsender):
+		// the cause, named first. A stall of its own past the timeout:
+		// a standby holding the stream back leaves nothing in flight.
+		if now.Sub(h.Since) > r.cfg.StallTimeout {
+			reason := fmt.Sprintf("%s (OUTBOX_STALL_TIMEOUT %s)", h.Reason(now), r.cfg.StallTimeout)
+			if st {
+				reason += "; and " + why
+			}
+			return true, reason
+		}
+		if st {
+			why += "; meanwhile " + h.Reason(now)
+		}
+	}
 	if !st && r.cfg.Source == "poll" {
 		if stuck, reason := r.oldest.stuck(now, r.cfg.StallTimeout); stuck {
 			if e := r.LastError(); e != "" {
@@ -302,10 +415,16 @@ func stalled(s stallState, timeout time.Duration, lastErr func() string) (bool, 
 	return stalledSaid(s, timeout, lastErr, walStallWords)
 }
 
-// stalled decides a look: owed work waiting longer than timeout, or the
-// lease held with no session past setup for longer, and why (lastErr is
-// asked only then).
+// stalled decides a look: events delivered and not confirmed for longer
+// than timeout, owed work waiting longer, or the lease held with no
+// session past setup for longer, and why (lastErr is asked only then).
+// Unconfirmed events come first: sessions that end at a failed state write
+// may also leave work owed or end unproven, and the state write is the
+// cause.
 func stalledSaid(s stallState, timeout time.Duration, lastErr func() string, w stallWords) (bool, string) {
+	if s.unconfirmed > timeout {
+		return true, unconfirmedReason(s, timeout, lastErr)
+	}
 	if s.owed && s.waiting > timeout {
 		return true, owedReason(s, timeout, lastErr)
 	}
@@ -322,6 +441,19 @@ func stalledSaid(s stallState, timeout time.Duration, lastErr func() string, w s
 		return true, why
 	}
 	return false, ""
+}
+
+func unconfirmedReason(s stallState, timeout time.Duration, lastErr func() string) string {
+	why := fmt.Sprintf("events delivered to Kafka up to %s are not confirmed to PostgreSQL: the position the state row public.outbox_connector_state records, past which nothing is confirmed, has stood at %s for %s (OUTBOX_STALL_TIMEOUT %s), so the slot holds the WAL and every new session delivers them again",
+		wal.FormatLSN(s.delivered), wal.FormatLSN(s.confirmed), s.unconfirmed.Round(time.Second), timeout)
+	if s.stateErr != "" {
+		return why + fmt.Sprintf("; the last state write failed %s ago: %s", s.stateErrAge.Round(time.Second), s.stateErr)
+	}
+	why += "; no state write has failed (one may be waiting)"
+	if e := lastErr(); e != "" {
+		why += "; last error: " + e
+	}
+	return why
 }
 
 func owedReason(s stallState, timeout time.Duration, lastErr func() string) string {
@@ -355,7 +487,7 @@ func (h kafkaDialErrors) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duratio
 // stallMetrics registers the stall as metrics, computed at scrape time like
 // /healthz.
 func (r *Relay) stallMetrics(m *metrics.Metrics) {
-	m.GaugeFunc("outbox_connector_stalled", "1 while events are owed (in flight, or read by a stream that ended before delivering them) and none was acknowledged or dead-lettered for longer than OUTBOX_STALL_TIMEOUT, or while this instance has held the lease for longer with no session past setup or with its sessions ending with no progress; /healthz fails then. 0 otherwise.", func() float64 {
+	m.GaugeFunc("outbox_connector_stalled", "1 while events are owed (in flight, or read by a stream that ended before delivering them) and none was acknowledged or dead-lettered for longer than OUTBOX_STALL_TIMEOUT, or events delivered to Kafka have waited longer for the position the state row records to move past them (state writes failing), or while this instance has held the lease for longer with no session past setup or with its sessions ending with no progress; /healthz fails then. 0 otherwise.", func() float64 {
 		if stalled, _ := r.stalledAt(time.Now()); stalled {
 			return 1
 		}
@@ -364,4 +496,75 @@ func (r *Relay) stallMetrics(m *metrics.Metrics) {
 	m.GaugeFunc("outbox_connector_progress_age_seconds", "How long events have been owed (in flight, or read and not delivered) with none acknowledged or dead-lettered; 0 when nothing is owed.", func() float64 {
 		return r.lookStall(time.Now()).waiting.Seconds()
 	})
+	m.GaugeFunc("outbox_connector_unconfirmed_age_seconds", "How long events delivered to Kafka have waited for the position the state row records, past which nothing is confirmed to PostgreSQL, to move past them (a healthy writer moves it every OUTBOX_STATUS_INTERVAL); 0 when none waits.", func() float64 {
+		return r.lookStall(time.Now()).unconfirmed.Seconds()
+	})
+}
+
+// watchWalsender watches, for one session, what PostgreSQL holds the
+// session's replication connection (its walsender, pid) for, asking on db
+// (the pool; see wal.WalsenderWatch): creating the slot, the transactions
+// running when it began; streaming a failover slot, the standbys of
+// synchronized_standby_slots. It is said in the log, in
+// outbox_connector_walsender_held_seconds and _held_by, and in the stall's
+// reason, which a hold longer than the stall timeout makes a stall of its
+// own (stalledAt). The returned func stops the watch and waits for its
+// goroutine to end.
+func (r *Relay) watchWalsender(ctx context.Context, db wal.Querier, pid uint32) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	w := &wal.WalsenderWatch{DB: db, PID: pid, Slot: r.cfg.Slot, Log: r.log.With("component", "walsender-watch"), Held: r.walsenderHeld}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// maxHeldBy bounds the outbox_connector_walsender_held_by series of one
+// hold.
+const maxHeldBy = 10
+
+// walsenderHeld takes a look's hold (see watchWalsender).
+func (r *Relay) walsenderHeld(h wal.Hold) {
+	by := map[[2]string]bool{}
+	for _, k := range []wal.HoldKind{wal.HoldTransactions, wal.HoldStandby} {
+		held := 0.0
+		if k == h.Kind {
+			held = time.Since(h.Since).Seconds()
+		}
+		r.metrics.WalsenderHeld.WithLabelValues(string(k)).Set(held)
+	}
+	for _, x := range h.Blockers {
+		name := "pid:" + strconv.Itoa(int(x.PID))
+		if x.GID != "" {
+			name = "prepared:" + x.GID
+		}
+		by[[2]string{string(h.Kind), name}] = true
+	}
+	for _, s := range h.Standbys {
+		by[[2]string{string(h.Kind), "slot:" + s.Name}] = true
+	}
+	for k := range r.stall.heldBy {
+		if !by[k] {
+			r.metrics.WalsenderHeldBy.DeleteLabelValues(k[0], k[1])
+		}
+	}
+	n := 0
+	for k := range by {
+		if n++; n > maxHeldBy {
+			delete(by, k)
+			continue
+		}
+		r.metrics.WalsenderHeldBy.WithLabelValues(k[0], k[1]).Set(1)
+	}
+	r.stall.heldBy = by
+	if h.Kind == "" {
+		r.stall.held.Store(nil)
+		return
+	}
+	r.stall.held.Store(&h)
 }

@@ -18,6 +18,12 @@ type watchClock struct {
 	now       time.Time
 	holding   bool
 	streaming bool // a session is streaming (past setup and the snapshot)
+	// promise is the position the state row records; writesFail: the
+	// state writer's writes fail (by default each look finds a write that
+	// recorded one past the acked position, as a healthy writer's every
+	// OUTBOX_STATUS_INTERVAL).
+	promise    tracker.LSN
+	writesFail bool
 }
 
 func newWatchClock(t testing.TB) *watchClock {
@@ -28,8 +34,14 @@ func newWatchClock(t testing.TB) *watchClock {
 func (c *watchClock) tick(tr *tracker.Tracker, d time.Duration) stallState {
 	c.t.Helper()
 	c.now = c.now.Add(d)
-	return c.w.look(tr, c.holding, c.streaming, c.now)
+	if tr != nil && !c.writesFail && tr.Acked() > c.promise {
+		c.promise = tr.Acked() + 16<<10 // checkpoint's headroom
+	}
+	return c.w.look(tr, c.holding, c.streaming, c.promise, c.now)
 }
+
+// stateFailed reports a failed state write, as a session's writer does.
+func (c *watchClock) stateFailed(msg string) { c.w.stateFailed(msg, c.now) }
 
 // idleFor looks at tr every second for d, with nothing happening, and
 // returns the last look.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -34,6 +35,14 @@ import (
 // streams what commits after it; rows poll mode had not published before it
 // would be lost unless poll mode goes on until they are. checkPollHandover
 // refuses that start when no poll reader is running and such rows exist.
+// With poll readers running, awaitPollHandover holds the stream until they
+// have published every row committed before the slot: streamed at once, an
+// aggregate's event committed after the slot could reach Kafka before its
+// earlier one still waiting for poll mode.
+
+// switchWait bounds how long MarkDelivered waits for the WAL relay to
+// record a recovery point newer than its own start.
+const switchWait = 2 * time.Minute
 
 // queryDelivered marks, in batches, the unpublished rows written by a
 // transaction older than the point $1 (the negation of windowWhere,
@@ -61,9 +70,30 @@ func MarkDelivered(ctx context.Context, cfg config.Config, idColumn string, out 
 	if !prepared {
 		return 0, 0, fatal.Errorf("%s has no column %s: apply sql/variants/outbox_poll.sql first, while the WAL relay still runs", tbl, poll.Published)
 	}
+	// The point must be newer than this command: every transaction older
+	// than it, the variant's table rewrite included (it stamps every row
+	// with its own transaction id), then wrote only delivered events.
+	// Taken too early, the point predates the rewrite and marks nothing,
+	// and poll mode would publish the whole table again. A streaming WAL
+	// relay writes a newer point within OUTBOX_STATUS_INTERVAL.
+	var started uint64
+	if err := conn.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&started); err != nil {
+		return 0, 0, fmt.Errorf("read the current transaction id: %w", err)
+	}
 	st, has, err := checkpoint.LoadState(ctx, conn, cfg.Slot)
+	for deadline := time.Now().Add(switchWait); err == nil && has && st.Recover.Xmin <= started && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		st, has, err = checkpoint.LoadState(ctx, conn, cfg.Slot)
+	}
 	if err != nil {
 		return 0, 0, err
+	}
+	if has && !st.Recover.IsZero() && st.Recover.Xmin <= started {
+		return 0, 0, fatal.Errorf("the WAL relay of slot %q recorded no recovery point newer than this command within %s (its newest is transaction %d, of %s; this command began at %d): it does not stream, or its state writes fail. Marked nothing: run this while the WAL relay streams", cfg.Slot, switchWait, st.Recover.Xmin, st.Recover.At.UTC().Format(time.RFC3339), started)
 	}
 	var system string
 	if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&system); err != nil {
@@ -127,4 +157,59 @@ func (r *Relay) checkPollHandover(ctx context.Context, conn *pgx.Conn) error {
 	}
 	return fatal.Errorf("OUTBOX_SNAPSHOT=never on %s, which a poll-mode relay read (it has %s) and which holds rows not published yet, with no poll relay running: the new slot streams only what commits after it, so those events would never be published. "+
 		"Start the WAL relay while the poll relays still run and stop them once every row written before it is published (README, switching relays); or start it once with OUTBOX_SNAPSHOT=initial, which publishes every row of the table again (duplicates)", tbl, poll.Published)
+}
+
+// awaitPollHandover waits, after the slot exists and before the stream
+// starts, until poll mode has published every row committed before the
+// slot: those are visible now, so their seq is at most the largest seq of
+// the unpublished rows now (a row that commits later, whatever its seq, is
+// in the stream). Poll mode publishes them in seq order, so an aggregate's
+// earlier events are in Kafka before the stream gives its later ones. No
+// poll reader running (or no table prepared for it): nothing to wait for.
+// A poll reader that stops meanwhile leaves rows nobody publishes: refused.
+func (r *Relay) awaitPollHandover(ctx context.Context, conn *pgx.Conn) error {
+	tbl := pgx.Identifier{r.schema, r.table}.Sanitize()
+	seq, err := poll.SeqColumn(ctx, conn, r.schema, r.table)
+	if err != nil || seq == "" {
+		return err
+	}
+	readers, err := poll.Readers(ctx, conn, r.schema, r.table)
+	if err != nil || readers == 0 {
+		return err
+	}
+	col := pgx.Identifier{seq}.Sanitize()
+	var most *int64
+	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT max(%s)::bigint FROM %s WHERE %s IS NULL", col, tbl, poll.Published)).Scan(&most); err != nil {
+		return fmt.Errorf("poll handover: read the largest %s of the rows poll mode has not published: %w", seq, err)
+	}
+	if most == nil {
+		return nil
+	}
+	count := fmt.Sprintf("SELECT count(*) FROM %s WHERE %s IS NULL AND %s <= $1", tbl, poll.Published, col)
+	var said time.Time
+	for {
+		var left int64
+		if err := conn.QueryRow(ctx, count, *most).Scan(&left); err != nil {
+			return fmt.Errorf("poll handover: count the rows poll mode has still to publish: %w", err)
+		}
+		if left == 0 {
+			r.log.Info("poll handover: poll mode has published every row written before the slot; streaming now. Stop the poll relays (README, switching relays)", "table", tbl)
+			return nil
+		}
+		if readers, err = poll.Readers(ctx, conn, r.schema, r.table); err != nil {
+			return err
+		}
+		if readers == 0 {
+			return fatal.Errorf("poll handover: the poll relays of %s stopped with %d rows written before the slot still unpublished, which the slot does not carry: start them again until the WAL relay says it streams (README, switching relays)", tbl, left)
+		}
+		if time.Since(said) > 10*time.Second {
+			said = time.Now()
+			r.log.Warn("poll handover: waiting for poll mode to publish the rows written before the slot before streaming, so that no aggregate's later event overtakes an earlier one", "table", tbl, "rows_left", left, "up_to_"+seq, *most, "poll_readers", readers)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

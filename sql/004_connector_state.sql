@@ -18,6 +18,13 @@
 -- the table never holds: no recovery from the table is complete then.
 -- timeline is the server's timeline at the last write: a promoted standby
 -- finds its replicated row written on an earlier one.
+-- recover_floor_xmin and recover_floor_at are what the snapshot the row
+-- still owes (the initial snapshot, or a recovery's window) read first of
+-- the rows it owes: the oldest one's transaction id (xid8, as a number; 0:
+-- it owed none) and created_at. A later attempt reads the table as it is
+-- then, and refuses unless a row at least as old is still there: a
+-- retention, which deletes by age, deleted none of the rows owed. NULL once
+-- the snapshot is done.
 CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     slot_name          text        PRIMARY KEY,
     system_identifier  text        NOT NULL,
@@ -31,7 +38,9 @@ CREATE TABLE IF NOT EXISTS public.outbox_connector_state (
     recover_at         timestamptz,
     recovering         boolean     NOT NULL DEFAULT false,
     messages_seen      boolean     NOT NULL DEFAULT false,
-    timeline           integer
+    timeline           integer,
+    recover_floor_xmin bigint,
+    recover_floor_at   timestamptz
 );
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_epoch bigint;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS offsets_lsn pg_lsn;
@@ -41,6 +50,8 @@ ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_at ti
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recovering boolean NOT NULL DEFAULT false;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS messages_seen boolean NOT NULL DEFAULT false;
 ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS timeline integer;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_floor_xmin bigint;
+ALTER TABLE public.outbox_connector_state ADD COLUMN IF NOT EXISTS recover_floor_at timestamptz;
 
 -- The leader lease (one row per slot): the holder, a fencing token that grows
 -- on every acquisition, and an expiry computed with the database's clock.

@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -10,7 +9,9 @@ import (
 // Proxy forwards TCP connections on a loopback port to a target address, and
 // can be taken down (every connection closed, new ones refused) and brought
 // up again on the same port: a server that goes away and comes back, as its
-// clients see it, without restarting the server.
+// clients see it, without restarting the server. It can also be frozen: a
+// path that goes silent (a dropped NAT entry, a firewall that drops
+// everything), where nothing is closed or reset and no byte goes through.
 type Proxy struct {
 	Addr   string // host:port to connect to instead of the target
 	target string
@@ -19,6 +20,9 @@ type Proxy struct {
 	ln    net.Listener
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
+	// thawed is closed while bytes flow; Freeze replaces it with an open
+	// one, which Thaw (or Down) closes.
+	thawed chan struct{}
 }
 
 // StartProxy starts a proxy to target (host:port), closed when the test
@@ -29,14 +33,15 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{Addr: ln.Addr().String(), target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{Addr: ln.Addr().String(), target: target, conns: map[net.Conn]struct{}{}, thawed: make(chan struct{})}
+	close(p.thawed)
 	p.serve(ln)
 	t.Cleanup(func() { p.Down(); p.wg.Wait() })
 	return p
 }
 
 // Down closes the listener and every connection: connecting is refused
-// until Up.
+// until Up. It ends a freeze.
 func (p *Proxy) Down() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -48,6 +53,45 @@ func (p *Proxy) Down() {
 		c.Close()
 	}
 	clear(p.conns)
+	p.thawLocked()
+}
+
+// Freeze stops forwarding bytes, both ways, on every connection, open or
+// accepted meanwhile, closing none: each side's writes land in its kernel's
+// buffers and its reads wait, as on a path that drops everything, until
+// Thaw. A connection made meanwhile is accepted (a real path would let no
+// SYN through) and hangs before its first byte.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.thawed:
+		p.thawed = make(chan struct{})
+	default:
+	}
+}
+
+// Thaw forwards again what waited and what follows.
+func (p *Proxy) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.thawLocked()
+}
+
+func (p *Proxy) thawLocked() {
+	select {
+	case <-p.thawed:
+	default:
+		close(p.thawed)
+	}
+}
+
+// waitThawed returns once bytes may flow.
+func (p *Proxy) waitThawed() {
+	p.mu.Lock()
+	ch := p.thawed
+	p.mu.Unlock()
+	<-ch
 }
 
 // Up listens on the proxy's port again.
@@ -100,7 +144,23 @@ func (p *Proxy) forward(ln net.Listener, c net.Conn) {
 	p.mu.Unlock()
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+		buf := make([]byte, 32<<10)
+		for {
+			// Not read while frozen: the sender's bytes stay in the
+			// kernels' buffers, unacknowledged once those are full.
+			p.waitThawed()
+			n, err := src.Read(buf)
+			if n > 0 {
+				// Read as the freeze began: held until Thaw.
+				p.waitThawed()
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
 		dst.Close()
 		src.Close()
 		done <- struct{}{}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -52,6 +53,36 @@ type State struct {
 	// not recorded, an older row): a promoted standby's row was written on
 	// an earlier one.
 	Timeline int32
+	// Floor is what the snapshot the row owes (SnapshotDone false) read
+	// first of the rows it owes; not kept once the snapshot is done.
+	Floor Floor
+}
+
+// Floor is the evidence a snapshot owed by the state row (the initial
+// snapshot, or a recovery's window) keeps of the rows it owes, from the
+// first snapshot that read them: the oldest one's created_at (zero when the
+// table has no such column) and transaction id (xid8). A later attempt
+// (the publish failed, the process died) reads the table as it is then,
+// while a retention deletes rows by age, oldest first (the outbox Cleaner,
+// maintain's partition drops): a row at least as old still there shows
+// that it deleted none of the rows owed. Taken with Xmin 0: the snapshot
+// owed no row.
+type Floor struct {
+	Taken bool
+	At    time.Time
+	Xmin  uint64
+}
+
+// args are a floor's parameters: NULL for none taken, the time NULL
+// without one.
+func (f Floor) args() (xmin, at any) {
+	if !f.Taken {
+		return nil, nil
+	}
+	if !f.At.IsZero() {
+		at = f.At
+	}
+	return int64(f.Xmin), at
 }
 
 // Point is a recovery point: Xmin is a full transaction id (xid8) such that
@@ -115,7 +146,8 @@ var stateDDL = schema.Statements("public.outbox_connector_state")
 
 const queryState = `
 SELECT system_identifier, confirmed_lsn::text, snapshot_done, coalesce(offsets_epoch, 0), coalesce(offsets_lsn, '0/0')::text,
-       coalesce(recover_xmin, 0), coalesce(recover_lsn, '0/0')::text, coalesce(recover_at, 'epoch'), recovering, messages_seen, coalesce(timeline, 0)
+       coalesce(recover_xmin, 0), coalesce(recover_lsn, '0/0')::text, coalesce(recover_at, 'epoch'), recovering, messages_seen, coalesce(timeline, 0),
+       recover_floor_xmin, recover_floor_at
 FROM public.outbox_connector_state WHERE slot_name = $1`
 
 // upsertSet is the update of a state row by a write that never moves
@@ -138,6 +170,10 @@ ON CONFLICT (slot_name) DO UPDATE SET
     recovering = EXCLUDED.recovering AND NOT (outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done),
     messages_seen = outbox_connector_state.messages_seen OR EXCLUDED.messages_seen,
     timeline = coalesce(EXCLUDED.timeline, outbox_connector_state.timeline),
+    recover_floor_xmin = CASE WHEN outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done THEN NULL
+        ELSE coalesce(EXCLUDED.recover_floor_xmin, outbox_connector_state.recover_floor_xmin) END,
+    recover_floor_at = CASE WHEN outbox_connector_state.snapshot_done OR EXCLUDED.snapshot_done THEN NULL
+        WHEN EXCLUDED.recover_floor_xmin IS NULL THEN outbox_connector_state.recover_floor_at ELSE EXCLUDED.recover_floor_at END,
     updated_at = now()`
 
 // resetSet overwrites a state row.
@@ -154,25 +190,27 @@ ON CONFLICT (slot_name) DO UPDATE SET
     recovering = EXCLUDED.recovering,
     messages_seen = EXCLUDED.messages_seen,
     timeline = EXCLUDED.timeline,
+    recover_floor_xmin = EXCLUDED.recover_floor_xmin,
+    recover_floor_at = EXCLUDED.recover_floor_at,
     updated_at = now()`
 
 // The confirmed position only moves forward (GREATEST), so a late or
 // repeated write can never make the check at start pass falsely.
 const upsertState = `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
-    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, updated_at)
-VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, now())` + upsertSet + capturePoint
+    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, recover_floor_xmin, recover_floor_at, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, $13::bigint, $14::timestamptz, now())` + upsertSet + capturePoint
 
 // resetState is the one write that may move backwards: the operator accepted
 // a slot reset (OUTBOX_ACCEPT_SLOT_RESET) or the slot was recreated.
 const resetState = `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
-    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, updated_at)
-VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, now())` + resetSet + capturePoint
+    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, recover_floor_xmin, recover_floor_at, updated_at)
+VALUES ($1, $2, $3::pg_lsn, $4, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, $13::bigint, $14::timestamptz, now())` + resetSet + capturePoint
 
 // Fence makes a state write conditional on the leader lease of the state's
 // slot (public.outbox_lease): the write happens only while the lease's token
-// is Token (the fenced statement's last parameter, $13). The check locks the lease row (FOR SHARE) within the write's own
+// is Token (the fenced statement's last parameter, $15). The check locks the lease row (FOR SHARE) within the write's own
 // statement, so a takeover, which updates the row, comes entirely before or
 // entirely after the write; and since it is one statement, no client round
 // trip (a frozen process) ever holds that lock. The zero Fence writes
@@ -185,20 +223,22 @@ type Fence struct {
 // instance took over, and the write did not happen.
 var errFenced = fmt.Errorf("%w; the state was not written", lease.ErrFenced)
 
-// fenceCTE selects one row while the lease of slot $1 has token $13 (the
+// fenceCTE selects one row while the lease of slot $1 has token $15 (the
 // fenced statement's last parameter).
 const fenceCTE = `
-WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $13::bigint FOR SHARE)`
+WITH fence AS (SELECT 1 FROM public.outbox_lease WHERE slot_name = $1 AND token = $15::bigint FOR SHARE)`
 
 const upsertStateFenced = fenceCTE + `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
-    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, updated_at)
-SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, now() FROM fence` + upsertSet + capturePoint
+    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, recover_floor_xmin, recover_floor_at, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer,
+    $13::bigint, $14::timestamptz, now() FROM fence` + upsertSet + capturePoint
 
 const resetStateFenced = fenceCTE + `
 INSERT INTO public.outbox_connector_state (slot_name, system_identifier, confirmed_lsn, snapshot_done, offsets_epoch, offsets_lsn,
-    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, updated_at)
-SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer, now() FROM fence` + resetSet + capturePoint
+    recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, recover_floor_xmin, recover_floor_at, updated_at)
+SELECT $1::text, $2::text, $3::pg_lsn, $4::boolean, $5::bigint, $6::pg_lsn, $7::bigint, $8::pg_lsn, $9::timestamptz, $10::boolean, $11::boolean, $12::integer,
+    $13::bigint, $14::timestamptz, now() FROM fence` + resetSet + capturePoint
 
 // setStateExact also records the newest exactly-once position Kafka
 // committed ($3, within the row's history: offsets_lsn only grows), and a
@@ -223,16 +263,72 @@ type Execer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// LockWait bounds how long a state write waits for a row lock (its
+// lock_timeout): on the state row, which another session may hold (an
+// operator's SELECT ... FOR UPDATE left open, a trigger's or a job's
+// UPDATE), and on the lease row, which a fenced write locks FOR SHARE
+// first. While it waits it holds that share lock, and the lease's renewal,
+// an UPDATE of the lease row, waits behind it: with no bound the leader
+// lost its lease within a TTL of an operator's lock (a client deadline is
+// no cure: pgx then closes the connection, and the server goes on waiting
+// for the lock, holding the lease row, which a takeover's UPDATE waits for
+// too). Half a second is far above a healthy write's milliseconds and
+// inside the renewal's margin (OUTBOX_LEASE_TTL is at least 1 s, and a
+// renewal is due every third of it). The write then fails (SQLSTATE
+// 55P03), which ends the session; the stall watch reports writes that keep
+// failing.
+const LockWait = 500 * time.Millisecond
+
+// setLockWait sets lock_timeout for the rest of the transaction: with the
+// write, in one batch, the write's alone.
+const setLockWait = `SELECT set_config('lock_timeout', $1, true)`
+
+// batcher is an Execer that sends statements in one batch (*pgx.Conn,
+// pgx.Tx).
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// queryPoint runs the state write q, which returns a point, with
+// lock_timeout LockWait where conn batches. Both statements go in one
+// batch, which the server runs as one implicit transaction whatever the
+// client does meanwhile (the setting ends with it), so that, as for a
+// single statement, no client round trip holds the write's locks. In a
+// pgx.Tx the setting lasts until that transaction ends.
+func queryPoint(ctx context.Context, conn Execer, q string, args ...any) (Point, error) {
+	bc, ok := conn.(batcher)
+	if !ok {
+		return ScanPoint(conn.QueryRow(ctx, q, args...))
+	}
+	b := &pgx.Batch{}
+	b.Queue(setLockWait, strconv.FormatInt(LockWait.Milliseconds(), 10))
+	b.Queue(q, args...)
+	br := bc.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var p Point
+	if err == nil {
+		p, err = ScanPoint(br.QueryRow())
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		err = fmt.Errorf("waited %s (lock_timeout) for a lock another session holds on the state row public.outbox_connector_state or the lease row public.outbox_lease; find it in pg_locks: %w", LockWait, err)
+	}
+	return p, err
+}
+
 // write runs a state write, fenced when f is set (the token is the fenced
 // statement's last parameter), and returns the recovery point the
 // statement took (see Point): a fenced write that changed no row found
-// another token in the lease.
+// another token in the lease. It waits at most LockWait for a lock.
 func write(ctx context.Context, conn Execer, f Fence, plain, fenced string, args ...any) (Point, error) {
 	q := plain
 	if f.Token != 0 {
 		q, args = fenced, append(args, f.Token)
 	}
-	p, err := ScanPoint(conn.QueryRow(ctx, q, args...))
+	p, err := queryPoint(ctx, conn, q, args...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if f.Token != 0 {
 			return p, errFenced
@@ -284,7 +380,7 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 		}
 		for _, q := range stateDDL[1:] {
 			if _, err := conn.Exec(ctx, q); err != nil {
-				return &fatal.Error{Msg: "the state table public.outbox_connector_state lacks columns of this version (offsets_epoch, offsets_lsn, recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline), and this role cannot add them; apply sql/004_connector_state.sql again (its ALTER TABLE statements) as the table's owner", Err: err}
+				return &fatal.Error{Msg: "the state table public.outbox_connector_state lacks columns of this version (offsets_epoch, offsets_lsn, recover_xmin, recover_lsn, recover_at, recovering, messages_seen, timeline, recover_floor_xmin, recover_floor_at), and this role cannot add them; apply sql/004_connector_state.sql again (its ALTER TABLE statements) as the table's owner", Err: err}
 			}
 		}
 		return nil
@@ -300,15 +396,17 @@ func EnsureStateTable(ctx context.Context, conn *pgx.Conn) error {
 const queryStateColumns = `
 SELECT count(*) FROM pg_attribute
 WHERE attrelid = 'public.outbox_connector_state'::regclass AND NOT attisdropped
-  AND attname IN ('offsets_epoch', 'offsets_lsn', 'recover_xmin', 'recover_lsn', 'recover_at', 'recovering', 'messages_seen', 'timeline')`
+  AND attname IN ('offsets_epoch', 'offsets_lsn', 'recover_xmin', 'recover_lsn', 'recover_at', 'recovering', 'messages_seen', 'timeline', 'recover_floor_xmin', 'recover_floor_at')`
 
 // LoadState reads the slot's state row; ok is false when there is none.
 func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, error) {
 	st := State{Slot: slot}
 	var lsn, olsn, rlsn string
 	var rxmin int64
+	var fxmin *int64
+	var fat *time.Time
 	err := conn.QueryRow(ctx, queryState, slot).Scan(&st.SystemID, &lsn, &st.SnapshotDone, &st.OffsetsEpoch, &olsn,
-		&rxmin, &rlsn, &st.Recover.At, &st.Recovering, &st.MessagesSeen, &st.Timeline)
+		&rxmin, &rlsn, &st.Recover.At, &st.Recovering, &st.MessagesSeen, &st.Timeline, &fxmin, &fat)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, false, nil
 	}
@@ -330,6 +428,12 @@ func LoadState(ctx context.Context, conn *pgx.Conn, slot string) (State, bool, e
 	st.Recover.Xmin, st.Recover.LSN = uint64(rxmin), uint64(l)
 	if st.Recover.IsZero() {
 		st.Recover = Point{}
+	}
+	if fxmin != nil {
+		st.Floor = Floor{Taken: true, Xmin: uint64(*fxmin)}
+		if fat != nil {
+			st.Floor.At = *fat
+		}
 	}
 	return st, true, nil
 }
@@ -369,7 +473,8 @@ func (st State) args() []any {
 		olsn = wal.FormatLSN(st.OffsetsLSN)
 	}
 	xmin, rlsn, rat := st.Recover.args()
-	return []any{st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone, epoch, olsn, xmin, rlsn, rat, st.Recovering, st.MessagesSeen, st.timeline()}
+	fxmin, fat := st.Floor.args()
+	return []any{st.Slot, st.SystemID, wal.FormatLSN(st.Confirmed), st.SnapshotDone, epoch, olsn, xmin, rlsn, rat, st.Recovering, st.MessagesSeen, st.timeline(), fxmin, fat}
 }
 
 // timeline is the Timeline parameter: NULL when not known.

@@ -117,7 +117,7 @@ func (w *Writer) SnapshotDone(ctx context.Context, p Point) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := w.st
-	st.SnapshotDone, st.Recovering = true, false
+	st.SnapshotDone, st.Recovering, st.Floor = true, false, Floor{}
 	if !p.IsZero() {
 		st.Recover = p
 	}

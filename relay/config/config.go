@@ -76,6 +76,14 @@ type Config struct {
 	// StallTimeout fails /healthz when events are in flight and nothing was
 	// acked for this long (OUTBOX_STALL_TIMEOUT, default 60s).
 	StallTimeout time.Duration
+	// StreamSilenceTimeout ends the session, to reconnect, when the
+	// replication connection heard nothing from the server for this long,
+	// not even the answer to a status update that asked for one: a network
+	// path gone silent (OUTBOX_STREAM_SILENCE_TIMEOUT, default 0: the
+	// replication connection's wal_sender_timeout, which the connector caps
+	// at LeaseTTL and at 1m; see wal.Stream.SilenceTimeout). A setting
+	// below that lowers the connection's wal_sender_timeout to it.
+	StreamSilenceTimeout time.Duration
 	// ShutdownTimeout bounds the graceful stop (OUTBOX_SHUTDOWN_TIMEOUT, default 30s).
 	ShutdownTimeout time.Duration
 	// MaxInFlight bounds the records buffered for Kafka
@@ -188,6 +196,7 @@ func (c *Config) Bind(fs *flag.FlagSet, getenv func(string) string) *iconfig.Bin
 	b.String(&c.DLQTopic, "dlq-topic", "OUTBOX_DLQ_TOPIC", "outbox.dlq", "dead-letter topic")
 	b.Duration(&c.StatusInterval, "status-interval", "OUTBOX_STATUS_INTERVAL", time.Second, "how often the confirmed LSN is sent to PostgreSQL")
 	b.Duration(&c.StallTimeout, "stall-timeout", "OUTBOX_STALL_TIMEOUT", time.Minute, "/healthz fails when events are in flight and nothing was acked for this long")
+	b.Duration(&c.StreamSilenceTimeout, "stream-silence-timeout", "OUTBOX_STREAM_SILENCE_TIMEOUT", 0, "reconnect when the replication connection heard nothing from the server for this long, even asked for a reply (0: the connection's wal_sender_timeout, capped at the lease TTL and at 1m; a shorter setting lowers that timeout to it)")
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", "OUTBOX_SHUTDOWN_TIMEOUT", 30*time.Second, "deadline for the graceful stop")
 	b.Int(&c.MaxInFlight, "max-in-flight", "OUTBOX_MAX_IN_FLIGHT", 10000, "records buffered for Kafka before WAL reading pauses")
 	b.Duration(&c.LeaseTTL, "lease-ttl", "OUTBOX_LEASE_TTL", 10*time.Second, "leader lease time to live; renewed every third of it")
@@ -287,6 +296,13 @@ func (c *Config) Validate() error {
 	}
 	if c.StatusInterval <= 0 || c.StatusInterval > 30*time.Second {
 		errs = append(errs, fmt.Errorf("OUTBOX_STATUS_INTERVAL: %s; use a duration between 1ms and 30s (well inside wal_sender_timeout)", c.StatusInterval))
+	}
+	if c.StreamSilenceTimeout != 0 && c.StreamSilenceTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("OUTBOX_STREAM_SILENCE_TIMEOUT: %s; use 0 (the replication connection's wal_sender_timeout, at most 1m) or at least 1s", c.StreamSilenceTimeout))
+	} else if c.StreamSilenceTimeout > 0 && c.StatusInterval > c.StreamSilenceTimeout/3 {
+		// It caps the replication connection's wal_sender_timeout, which
+		// status updates keep at bay.
+		errs = append(errs, fmt.Errorf("OUTBOX_STATUS_INTERVAL: %s is over a third of OUTBOX_STREAM_SILENCE_TIMEOUT (%s); lower it or raise the timeout", c.StatusInterval, c.StreamSilenceTimeout))
 	}
 	if c.MaxInFlight < 1 {
 		errs = append(errs, fmt.Errorf("OUTBOX_MAX_IN_FLIGHT: %d; use a positive number", c.MaxInFlight))

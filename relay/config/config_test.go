@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -150,5 +152,42 @@ func TestTableLogged(t *testing.T) {
 	c.Table = Table{Schema: "", Name: "outbox"}
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "OUTBOX_TABLE") {
 		t.Errorf("Validate of a table without schema: %v", err)
+	}
+}
+
+// TestStreamSilenceTimeout: 0 (the default) derives the timeout from the
+// replication connection's wal_sender_timeout; a setting must be at least
+// 1s and leave room for three status updates, since it caps that
+// wal_sender_timeout.
+func TestStreamSilenceTimeout(t *testing.T) {
+	base := map[string]string{"OUTBOX_PG_DSN": "postgres://u@h/db", "OUTBOX_KAFKA_BROKERS": "k:9092"}
+	for _, tc := range []struct {
+		name, env, status string // "" leaves a variable unset
+		want              time.Duration
+		err               string
+	}{
+		{"default", "", "", 0, ""},
+		{"set", "3s", "", 3 * time.Second, ""},
+		{"set, status updates more often", "2s", "500ms", 2 * time.Second, ""},
+		{"too short", "500ms", "", 500 * time.Millisecond, "OUTBOX_STREAM_SILENCE_TIMEOUT: 500ms; use 0"},
+		{"status updates too rare", "2s", "1s", 2 * time.Second, "OUTBOX_STATUS_INTERVAL: 1s is over a third of OUTBOX_STREAM_SILENCE_TIMEOUT (2s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := maps.Clone(base)
+			if tc.env != "" {
+				env["OUTBOX_STREAM_SILENCE_TIMEOUT"] = tc.env
+			}
+			if tc.status != "" {
+				env["OUTBOX_STATUS_INTERVAL"] = tc.status
+			}
+			c, _ := parse(t, env)
+			if c.StreamSilenceTimeout != tc.want {
+				t.Errorf("StreamSilenceTimeout %s; want %s", c.StreamSilenceTimeout, tc.want)
+			}
+			err := c.Validate()
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("Validate: %v; want %q", err, tc.err)
+			}
+		})
 	}
 }

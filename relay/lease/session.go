@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/pgdurable"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
+	rfatal "github.com/pgoutbox/pgoutbox/relay/fatal"
 )
 
 // AppName is the application_name of lease sessions, so that a new leader
@@ -205,11 +205,12 @@ func (e *Elector) retryable(err error) bool {
 // (SQLSTATE class 28, 42501), a missing database (3D000), a missing lease
 // table (42P01, after connect tried to create it).
 func fatal(err error) bool {
+	// The connector's own policy (authentication, privilege, a missing
+	// database, a certificate a TLS handshake failed on: an expired client
+	// certificate was retried here for ever, the standby never saying more
+	// than unready), and a missing lease table.
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "42501" || pgErr.Code == "3D000" || pgErr.Code == "42P01"
-	}
-	return false
+	return rfatal.Is(err) || errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
 
 // connect opens the lease session unless it is open.

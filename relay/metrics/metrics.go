@@ -78,6 +78,19 @@ type Metrics struct {
 	// sent nothing for the silence timeout, not even the answer to a
 	// status update that asked for one (wal.ErrSilent).
 	StreamSilent prometheus.Counter
+	// StateWriteFailures counts writes of the state row
+	// (outbox_connector_state) that failed: each ends its session, and
+	// nothing is confirmed to PostgreSQL past the last that passed.
+	StateWriteFailures prometheus.Counter
+	// WalsenderHeld is how long PostgreSQL has held the session's
+	// replication connection, by what for (see wal.Hold): transactions
+	// (creating the slot, it waits for the transactions running then to
+	// end) or standby (a failover slot's changes wait for the standbys of
+	// synchronized_standby_slots); 0 when it does not.
+	WalsenderHeld *prometheus.GaugeVec
+	// WalsenderHeldBy is 1 for each transaction (by="prepared:<gid>" or
+	// "pid:<pid>") or standby slot (by="slot:<name>") it waits for.
+	WalsenderHeldBy *prometheus.GaugeVec
 	// outbox_connector_leader is a gauge function the relay registers
 	// (computed at scrape time from the lease, see relay.New).
 }
@@ -193,6 +206,20 @@ func New() *Metrics {
 		}),
 	}
 	r.MustRegister(m.PollReadSeconds)
+	m.StateWriteFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outbox_connector_state_write_failures_total",
+		Help: "Writes of the state row public.outbox_connector_state that failed (a trigger, a privilege, a row lock held longer than the write's lock_timeout): a position is confirmed to PostgreSQL only after the row records it, so while they fail the slot's confirmed position stands still and the WAL grows.",
+	})
+	r.MustRegister(m.StateWriteFailures)
+	m.WalsenderHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "outbox_connector_walsender_held_seconds",
+		Help: "How long PostgreSQL has held the session's replication connection, by what for: transactions (CREATE_REPLICATION_SLOT waits for every transaction running when it began, holding a transaction id, to end: a forgotten prepared transaction holds it for ever) or standby (PostgreSQL 17+: a failover slot's changes wait for the physical standbys of synchronized_standby_slots to confirm the WAL, with no progress for this long). 0 when it does not. Past OUTBOX_STALL_TIMEOUT, /healthz fails and says what for.",
+	}, []string{"for"})
+	m.WalsenderHeldBy = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "outbox_connector_walsender_held_by",
+		Help: "1 for each thing PostgreSQL holds the session's replication connection for (outbox_connector_walsender_held_seconds): a transaction slot creation waits for (by=\"prepared:<gid>\" or \"pid:<pid>\", at most 10) or a standby slot of synchronized_standby_slots (by=\"slot:<name>\").",
+	}, []string{"for", "by"})
+	r.MustRegister(m.WalsenderHeld, m.WalsenderHeldBy)
 	r.MustRegister(m.Published, m.DeadLettered, m.Ignored, m.Refused, m.StatusUpdates, m.StreamSilent, m.Reconnects,
 		m.CommitToAck, m.LeaseToken, m.Takeovers, m.SnapshotEvents, m.SlotRecoveries, m.KafkaTxns, m.KafkaTxnCommit,
 		m.KafkaRefused, m.TopicMissing, m.OrderViolations, m.KafkaDataLoss,

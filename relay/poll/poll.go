@@ -281,7 +281,7 @@ FROM (SELECT %[1]s::bigint AS seq, %[2]s AS at, (hashtext(coalesce(%[3]s::text, 
 	return r, nil
 }
 
-// bucketExpr is a row's bucket, as SQL. A NULL key hashes as '': every
+// bucketExpr is a row's bucket, as SQL. A NULL key hashes as the empty string: every
 // row is in a bucket. An index on exactly this expression and seq, of the
 // unpublished rows, serves the reads (see BucketIndex).
 func (r *Reader) bucketExpr() string {
@@ -903,4 +903,21 @@ WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_datab
 		return 0, fmt.Errorf("count the poll-mode readers of %s.%s: %w", schema, table, err)
 	}
 	return n, nil
+}
+
+// SeqColumn is the sequence-filled column poll mode orders schema.table's
+// rows by ("" when the table is not prepared for poll mode).
+func SeqColumn(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema, table string) (string, error) {
+	var seq string
+	var marked, key, standby bool
+	err := q.QueryRow(ctx, querySeq, schema, table, Published, "").Scan(&seq, &marked, &key, &standby)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("poll mode: inspect %s.%s: %w", schema, table, err)
+	}
+	if !marked {
+		return "", nil
+	}
+	return seq, nil
 }

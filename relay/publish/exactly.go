@@ -59,6 +59,10 @@ type exactly struct {
 	// skipped counts the events of this session the resume position
 	// covered.
 	skipped atomic.Int64
+	// gone is cancelled, with the error the session ends with, once
+	// watchTopics found the offsets topic deleted (see offsetsGone).
+	gone     context.Context
+	markGone context.CancelCauseFunc
 }
 
 func (e *exactly) init(cfg *Offsets) {
@@ -72,6 +76,7 @@ func (e *exactly) init(cfg *Offsets) {
 		e.pos.Commit, e.pos.Events = r.Commit, r.Events
 	}
 	e.written, e.committed = e.pos, e.pos
+	e.gone, e.markGone = context.WithCancelCause(context.Background())
 }
 
 // aborted: the open transaction was aborted, its position with it. The
@@ -164,6 +169,64 @@ func (p *Producer) positionError() error {
 		return &fatal.Error{Msg: fmt.Sprintf("Kafka refused the exactly-once position for topic %q; grant WRITE and DESCRIBE on it to the connector", e.cfg.Topic), Err: err}
 	}
 	return fmt.Errorf("write the exactly-once position to %q: %w", e.cfg.Topic, err)
+}
+
+// isOffsets reports whether topic is the exactly-once offsets topic.
+func (p *Producer) isOffsets(topic string) bool {
+	return p.eo.cfg != nil && topic == p.eo.cfg.Topic
+}
+
+// offsetsGone: watchTopics found the offsets topic deleted while records
+// wait. The position record of the commit in progress is among them, and
+// franz-go retries an unknown topic without end (UnknownTopicRetries(-1)):
+// the commit's flush would never return and the line would stand still
+// with no word. The topic is named (an error log line,
+// outbox_connector_topic_missing, the Blocked hook) and the session ends
+// with that error: the flush gives up (flush), the open Kafka transaction
+// is aborted and nothing of it is confirmed to PostgreSQL. It is not
+// created again here, as a deleted event topic is: the slot's position is
+// gone with it, and what that means is the start's to decide, in one place
+// (the relay's exactlyOnce): the next session finds the topic missing, or
+// created again and empty, while the state row recorded a position, and
+// stops with the choices, or, with OUTBOX_ON_OFFSETS_LOSS=at-least-once,
+// continues from the slot's position.
+func (p *Producer) offsetsGone(topic string) {
+	err := fmt.Errorf("the exactly-once offsets topic %q (OUTBOX_KAFKA_OFFSETS_TOPIC) was deleted while the connector ran: the position record of the Kafka transaction being committed waits for it, and every record after it. "+
+		"The session ends and aborts that transaction (nothing of it is confirmed to PostgreSQL); the next start applies the rule for a lost offsets topic: "+
+		"it stops with the choices (OUTBOX_ON_OFFSETS_LOSS=fail, the default; with OUTBOX_TOPIC_CREATE=false, until the topic is created again), or continues from the slot's position, publishing again what the slot replays (OUTBOX_ON_OFFSETS_LOSS=at-least-once)", topic)
+	p.log.Error(err.Error(), "topic", topic)
+	p.metrics.TopicMissing.WithLabelValues(topic).Set(1)
+	p.blocked(err.Error())
+	p.eo.markGone(err)
+}
+
+// flush flushes cl, the client of the transaction being committed. With
+// exactly-once it gives up once the offsets topic was found deleted
+// (offsetsGone), and returns why: the transaction then never commits,
+// even if its position record got through after all (the topic created
+// again meanwhile): the next start decides what the lost topic means.
+func (p *Producer) flush(ctx context.Context, cl *kgo.Client) error {
+	e := &p.eo
+	if e.gone == nil {
+		return cl.Flush(ctx)
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(e.gone, cancel)()
+	err := cl.Flush(fctx)
+	if lost := e.lost(); lost != nil {
+		return lost
+	}
+	return err
+}
+
+// lost is why the session ends when the offsets topic was found deleted
+// (offsetsGone), or nil.
+func (e *exactly) lost() error {
+	if e.gone == nil {
+		return nil
+	}
+	return context.Cause(e.gone)
 }
 
 // positionCommitted: the open transaction committed, with its position.

@@ -148,6 +148,9 @@ func New(cfg Config, client *kgo.Client, router *route.Router, pool *pgxpool.Poo
 	p.eo.init(cfg.Offsets)
 	if cfg.Offsets != nil {
 		m.ExactlyOnceSkippedLast.Set(0)
+		// Every commit's position record goes to it: watchTopics looks
+		// for it too (see offsetsGone).
+		p.seen.Store(cfg.Offsets.Topic, struct{}{})
 	}
 	return p
 }
@@ -625,7 +628,10 @@ const topicWatchEvery = 5 * time.Second
 // topic ID: franz-go fails the records waiting for it (UNKNOWN_TOPIC_ID,
 // transient), and the next session reads them again (and, with
 // OUTBOX_TOPIC_CREATE, creates the topic first if it is still missing). A
-// look that fails is tried again at the next.
+// look that fails is tried again at the next. The exactly-once offsets
+// topic is looked for too; found deleted, it ends the session (see
+// offsetsGone). A deletion is so seen between one and two looks after the
+// line stopped: 5 to 10 s.
 func (p *Producer) watchTopics(ctx context.Context) {
 	every := p.topicWatch
 	if every <= 0 {
@@ -638,10 +644,17 @@ func (p *Producer) watchTopics(ctx context.Context) {
 	defer func() {
 		// The session ends: the next one looks for these again (waitTopic,
 		// or ensureTopic creating them), and says so if they still lack.
+		// The offsets topic's alarm stays until the next start has made
+		// sure of the topic (the relay's exactlyOnce), and so does its
+		// reason, which is also the error the session ends with.
+		cleared := false
 		for topic := range missing {
-			p.metrics.TopicMissing.WithLabelValues(topic).Set(0)
+			if !p.isOffsets(topic) {
+				p.metrics.TopicMissing.WithLabelValues(topic).Set(0)
+				cleared = true
+			}
 		}
-		if len(missing) > 0 {
+		if cleared && p.eo.lost() == nil {
 			p.blocked("")
 		}
 	}()
@@ -674,6 +687,9 @@ func (p *Producer) watchTopics(ctx context.Context) {
 			d, ok := details[topic]
 			gone := !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition)
 			switch {
+			case gone && !missing[topic] && waiting && p.isOffsets(topic):
+				missing[topic] = true
+				p.offsetsGone(topic)
 			case gone && !missing[topic] && waiting:
 				missing[topic] = true
 				fix := "create it again (kafka-topics.sh --create --topic " + topic + ") or set OUTBOX_TOPIC_CREATE=true"

@@ -374,7 +374,7 @@ func (p *Producer) commit(ctx context.Context) error {
 			// A record of the open transaction failed too: find out
 			// which, so that a record Kafka refused is a suspect for
 			// the next session (see Poison), as after a commit.
-			if ferr := p.txnClient().Flush(ctx); ferr == nil {
+			if ferr := p.flush(ctx, p.txnClient()); ferr == nil {
 				err = p.graver(err, p.recordErrors())
 			}
 		}
@@ -400,7 +400,7 @@ func (p *Producer) startCommit(ctx context.Context) error {
 	p.txn.timer.Stop()
 	p.writePosition(ctx)
 	ln := p.txn.lanes[p.txn.cur]
-	if err := ln.client.Flush(ctx); err != nil {
+	if err := p.flush(ctx, ln.client); err != nil {
 		return fmt.Errorf("flush the Kafka transaction: %w", err)
 	}
 	p.txn.lastFlush = time.Since(start)

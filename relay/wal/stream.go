@@ -43,6 +43,9 @@ type Counters struct {
 	// Message is told of every event written as a logical decoding
 	// message, before it is handed on (checkpoint.Writer.SawMessage).
 	Message func()
+	// Silent counts streams ended because the server went silent
+	// (ErrSilent).
+	Silent func()
 }
 
 // Confirmer is what a Stream asks before it confirms a position: the
@@ -80,6 +83,25 @@ type Stream struct {
 	// StopGrace is how long a soft stop waits for the transaction being
 	// read to end before abandoning it.
 	StopGrace time.Duration
+	// SilenceTimeout is how long the stream may hear nothing from the
+	// server before it takes the connection for dead and ends with an error
+	// wrapping ErrSilent (zero: never). A path that drops everything (a
+	// lost NAT entry, a firewall) neither closes nor resets the connection:
+	// reads time out and status updates pile up in the kernel, unanswered,
+	// until TCP gives up some 15 minutes later, while the lease, on a
+	// connection of its own, keeps any standby away. An idle walsender
+	// sends nothing while our status updates keep arriving (it pings only
+	// a client that has not replied for half its wal_sender_timeout), so
+	// silence alone proves nothing: a quarter of the way in the stream asks
+	// for a reply (a status update with ReplyRequested), which a healthy
+	// walsender answers with a keepalive at once when idle, and within half
+	// its wal_sender_timeout while it decodes a large transaction (it reads
+	// its input that often then, in WalSndUpdateProgress: seen on 13.23 and
+	// 15, a decode of 4 s with a 1 s timeout). Time spent not reading
+	// (waiting for the producer, Finish) is not silence. Writes to the
+	// connection are bounded by the same clock, so that a send buffer the
+	// path no longer drains cannot block the stream (or its end) instead.
+	SilenceTimeout time.Duration
 	// Abort, when done, stops Run at once, without the grace: the leader
 	// lost its lease and must publish nothing more.
 	Abort    context.Context
@@ -131,6 +153,11 @@ type Stream struct {
 	lastCommitEnd uint64
 	nextStatus    time.Time
 	sentFlush     uint64
+	// heard is when the stream last heard from the server, or last went
+	// back to reading after a pause; probed says whether a reply was asked
+	// for since (see SilenceTimeout).
+	heard  time.Time
+	probed bool
 	// readDeadline is the deadline last set on the connection: setting it
 	// costs a timer update per call, so it is set only when it changes.
 	readDeadline time.Time
@@ -180,6 +207,7 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 	s.walEnd = start
 	s.sentFlush = 0
 	s.nextStatus = time.Now()
+	s.heard, s.probed = s.nextStatus, false
 	// A soft stop (ctx done) lets the transaction being read finish, for up
 	// to StopGrace, so that a graceful stop confirms whole transactions and
 	// a restart repeats nothing. emitCtx ends when the grace does.
@@ -200,29 +228,44 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 		})()
 	}
 	for {
-		deadline := s.nextStatus
 		if s.Abort != nil && s.Abort.Err() != nil {
 			return nil
 		}
+		now := time.Now()
 		if ctx.Err() != nil {
 			if s.txn == nil {
 				return nil
 			}
 			if graceEnd.IsZero() {
-				graceEnd = time.Now().Add(s.StopGrace)
+				graceEnd = now.Add(s.StopGrace)
 			}
-			if !time.Now().Before(graceEnd) || emitCtx.Err() != nil {
+			if !now.Before(graceEnd) || emitCtx.Err() != nil {
 				return nil
 			}
-			if graceEnd.Before(deadline) {
-				deadline = graceEnd
-			}
 		}
-		if !time.Now().Before(s.nextStatus) {
-			if err := s.sendStatus(); err != nil {
+		if s.SilenceTimeout > 0 && now.Sub(s.heard) >= s.SilenceTimeout {
+			return s.wentSilent(now)
+		}
+		probe := s.SilenceTimeout > 0 && !s.probed && !now.Before(s.heard.Add(s.SilenceTimeout/4))
+		if probe || !now.Before(s.nextStatus) {
+			if err := s.sendStatus(probe); err != nil {
 				return err
 			}
-			deadline = s.nextStatus
+			s.probed = s.probed || probe
+		}
+		deadline := s.nextStatus
+		if !graceEnd.IsZero() && graceEnd.Before(deadline) {
+			deadline = graceEnd
+		}
+		if s.SilenceTimeout > 0 {
+			// The next look at the silence: the probe, or the end.
+			at := s.heard.Add(s.SilenceTimeout)
+			if !s.probed {
+				at = s.heard.Add(s.SilenceTimeout / 4)
+			}
+			if at.Before(deadline) {
+				deadline = at
+			}
 		}
 		// A stop sets the deadline from another goroutine: while stopping,
 		// and after any timeout, set it again rather than trust the cache.
@@ -258,7 +301,43 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 		case *pgproto3.CopyDone:
 			return fmt.Errorf("server ended the replication stream of slot %q", s.Slot)
 		}
+		// After handling it: time spent there (a catalog lookup, waiting
+		// for the producer) is not the server's silence.
+		s.heard, s.probed = time.Now(), false
 	}
+}
+
+// ErrSilent is what errors.Is finds in the error of a stream that heard
+// nothing from the server for its SilenceTimeout, not even the answer to a
+// status update that asked for one. It is no fatal error: the session ends
+// and the connector reconnects.
+var ErrSilent = errors.New("the replication connection went silent")
+
+type silentError struct {
+	slot   string
+	silent time.Duration
+	probed bool
+}
+
+func (e *silentError) Error() string {
+	asked := ""
+	if e.probed {
+		asked = ", not even an answer to a status update that asked for one"
+	}
+	return fmt.Sprintf("no message from the server for %s on slot %q%s: the network path may be silent; reconnecting", e.silent.Round(time.Millisecond), e.slot, asked)
+}
+
+func (e *silentError) Is(target error) bool { return target == ErrSilent }
+
+// wentSilent counts a silent end and returns its error. Every later read
+// or write of the connection fails at once from here on: the session then
+// closes it, and its goodbye must not wait on a path that takes nothing.
+func (s *Stream) wentSilent(now time.Time) error {
+	_ = s.Conn.Conn().SetDeadline(now)
+	if s.Counters.Silent != nil {
+		s.Counters.Silent()
+	}
+	return &silentError{slot: s.Slot, silent: now.Sub(s.heard), probed: s.probed}
 }
 
 func isTimeout(err error) bool {
@@ -283,7 +362,8 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte) error {
 		// this cannot ack past it.
 		s.Tracker.ServerWALEnd(ka.WALEnd)
 		if ka.ReplyRequested {
-			return s.sendStatus()
+			s.heard = time.Now()
+			return s.sendStatus(false)
 		}
 		return nil
 	case pglogrepl.XLogDataByteID:
@@ -325,8 +405,9 @@ func (s *Stream) handleMessage(ctx context.Context, lsn uint64, b []byte) error 
 		s.txn = nil
 		s.lastCommitEnd = m.EndLSN
 		// Status updates go out on time even while data flows.
-		if !time.Now().Before(s.nextStatus) {
-			return s.sendStatus()
+		if now := time.Now(); !now.Before(s.nextStatus) {
+			s.heard = now
+			return s.sendStatus(false)
 		}
 	case msgRelation:
 		rel, err := decodeRelation(body)
@@ -543,7 +624,10 @@ func (s *Stream) emit(ctx context.Context, ev Event) error {
 			t.Stop()
 			return nil
 		case <-t.C:
-			if err := s.sendStatus(); err != nil {
+			// Not reading meanwhile: the silence clock holds (and the
+			// status update's write is bounded from now).
+			s.heard = time.Now()
+			if err := s.sendStatus(false); err != nil {
 				ev.Txn.Abandon()
 				return err
 			}
@@ -557,8 +641,11 @@ func (s *Stream) emit(ctx context.Context, ev Event) error {
 
 // sendStatus reports the confirmable position as flushed. The write
 // position is the newest WAL end seen, so the walsender does not keep
-// sending keepalives for WAL we already know about.
-func (s *Stream) sendStatus() error {
+// sending keepalives for WAL we already know about. reply asks the server
+// to answer at once (a keepalive). With a SilenceTimeout the write must be
+// done when the silence would end the stream: a send buffer the path no
+// longer drains is that silence too.
+func (s *Stream) sendStatus(reply bool) error {
 	if err := s.Faults.At(fault.BeforeStatus); err != nil {
 		return err
 	}
@@ -569,13 +656,20 @@ func (s *Stream) sendStatus() error {
 	if flush < s.sentFlush {
 		flush = s.sentFlush
 	}
+	if s.SilenceTimeout > 0 {
+		_ = s.Conn.Conn().SetWriteDeadline(s.heard.Add(s.SilenceTimeout))
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.Conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pglogrepl.LSN(s.walEnd),
 		WALFlushPosition: pglogrepl.LSN(flush),
 		WALApplyPosition: pglogrepl.LSN(flush),
 		ClientTime:       time.Now(),
+		ReplyRequested:   reply,
 	})
 	if err != nil {
+		if s.SilenceTimeout > 0 && isTimeout(err) {
+			return s.wentSilent(time.Now())
+		}
 		return fmt.Errorf("send status update to slot %q: %w", s.Slot, err)
 	}
 	s.sentFlush = flush
@@ -593,7 +687,9 @@ func (s *Stream) SentFlush() uint64 { return s.sentFlush }
 // it waits (until ctx is done) for every committed transaction to be acked,
 // lets persist record the final position durably, sends it, and ends the copy
 // stream, waiting for the server's answer so that the position is known to
-// have arrived (go-pq-cdc #148).
+// have arrived (go-pq-cdc #148). Its writes, and the wait for that answer,
+// are bounded by the SilenceTimeout too: on a path gone silent the stop
+// must not hang on a send buffer nothing drains.
 func (s *Stream) Finish(ctx context.Context, persist func(context.Context) uint64) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -605,8 +701,10 @@ func (s *Stream) Finish(ctx context.Context, persist func(context.Context) uint6
 		case <-time.After(time.Until(s.nextStatus)):
 		case <-ctx.Done():
 		}
-		if !time.Now().Before(s.nextStatus) {
-			if err := s.sendStatus(); err != nil {
+		if now := time.Now(); !now.Before(s.nextStatus) {
+			// Not reading: each write is bounded from now.
+			s.heard = now
+			if err := s.sendStatus(false); err != nil {
 				return err
 			}
 		}
@@ -614,11 +712,19 @@ func (s *Stream) Finish(ctx context.Context, persist func(context.Context) uint6
 	if persist != nil {
 		persist(ctx)
 	}
-	if err := s.sendStatus(); err != nil {
+	s.heard = time.Now()
+	if err := s.sendStatus(false); err != nil {
 		return err
 	}
-	_ = s.Conn.Conn().SetReadDeadline(deadline)
-	defer func() { _ = s.Conn.Conn().SetReadDeadline(time.Time{}) }()
+	if s.SilenceTimeout > 0 {
+		if d := s.heard.Add(s.SilenceTimeout); d.Before(deadline) {
+			deadline = d
+		}
+	}
+	// SendStandbyCopyDone takes no context: the deadline bounds its write
+	// and its wait for the answer.
+	_ = s.Conn.Conn().SetDeadline(deadline)
+	defer func() { _ = s.Conn.Conn().SetDeadline(time.Time{}) }()
 	if _, err := pglogrepl.SendStandbyCopyDone(ctx, s.Conn); err != nil {
 		return fmt.Errorf("end the replication stream of slot %q: %w", s.Slot, err)
 	}

@@ -100,6 +100,15 @@ END
 $$;
 GRANT USAGE ON SCHEMA public TO outbox_poller;
 GRANT SELECT, UPDATE (published_at) ON public.outbox TO outbox_poller;
+-- connector switch-to-poll, run with the WAL relay's settings (role
+-- outbox_connector), marks the rows the WAL relay delivered.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_connector') THEN
+        GRANT UPDATE (published_at) ON public.outbox TO outbox_connector;
+    END IF;
+END
+$$;
 -- The relay checks at start that the sequence is ahead of the table.
 DO $$
 BEGIN
