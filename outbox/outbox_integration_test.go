@@ -521,3 +521,53 @@ func TestPollModeMessageTable(t *testing.T) {
 		}
 	}
 }
+
+// TestPollGuardPrivilegesAndOtherTables: the message-mode guard looks the
+// tables up by name, so a writer's role without USAGE on schema public
+// (REVOKE ALL ON SCHEMA public FROM PUBLIC, a hardened database) writes
+// messages (to_regclass refused it with 42501 before); and a table
+// carrying the poll variant's trigger refuses messages whatever the
+// writer's Table names (a poll relay's OUTBOX_TABLE may be neither it nor
+// public.outbox).
+func TestPollGuardPrivilegesAndOtherTables(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA app; CREATE TABLE app.outbox (LIKE public.outbox INCLUDING ALL);
+		CREATE ROLE writer LOGIN; GRANT USAGE ON SCHEMA app TO writer; REVOKE ALL ON SCHEMA public FROM PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.New(outbox.Config{Mode: outbox.ModeMessage, Table: "app.outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := outbox.Event{AggregateType: "Poll", AggregateID: "a", Type: "T", Payload: map[string]int{"n": 1}}
+	wconn, err := pgx.Connect(ctx, pg.DSNUser("outbox", "writer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wconn.Close(ctx)
+	write := func() error {
+		return pgx.BeginFunc(ctx, wconn, func(tx pgx.Tx) error {
+			_, err := w.Write(ctx, tx, ev)
+			return err
+		})
+	}
+	if err := write(); err != nil {
+		t.Fatalf("a message by a role without USAGE on public, nothing prepared for poll mode: %v", err)
+	}
+	// Another table prepared for poll mode, as a relay's OUTBOX_TABLE.
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA other; CREATE TABLE other.events (LIKE public.outbox INCLUDING ALL)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `ALTER TABLE other.events ADD COLUMN published_at timestamptz;
+		CREATE FUNCTION other.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'unpublished'; END $$;
+		CREATE TRIGGER outbox_poll_refuse_delete BEFORE DELETE ON other.events FOR EACH ROW WHEN (OLD.published_at IS NULL) EXECUTE FUNCTION other.refuse()`); err != nil {
+		t.Fatal(err)
+	}
+	err = write()
+	if err == nil || !strings.Contains(err.Error(), "other.events") {
+		t.Fatalf("a message while other.events is prepared for poll mode: %v; want a refusal naming it", err)
+	}
+	t.Logf("refused: %v", err)
+}
