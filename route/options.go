@@ -301,6 +301,23 @@ func (c *Config) applyProperties(r io.Reader) error {
 	// exprs holds, in server mode, the configuration expression a value
 	// holds unescaped, by key: refused below where the router reads it.
 	all, exprs := map[string]string{}, map[string]string{}
+	raw := map[string]string{}
+	for i, k := range p.Keys {
+		raw[k] = p.Values[i]
+	}
+	// An expression Quarkus resolves is expanded as it would: another key
+	// of the file, else the environment (the name as it is, then as
+	// SmallRye maps it: upper case, every other character '_'), else its
+	// default; only one that nothing resolves is refused.
+	lookup := func(name string) (string, bool) {
+		if v, ok := raw[name]; ok {
+			return v, true
+		}
+		if v, ok := os.LookupEnv(name); ok {
+			return v, true
+		}
+		return os.LookupEnv(envName(name))
+	}
 	for i, k := range p.Keys {
 		if server {
 			// Debezium Server reads its file through Quarkus, which
@@ -308,7 +325,7 @@ func (c *Config) applyProperties(r io.Reader) error {
 			// escape a file written for it uses for a literal ${, as in
 			// route.topic.replacement=outbox.$${routedByValue}.
 			var expr string
-			p.Values[i], expr = quarkusLiteral(p.Values[i])
+			p.Values[i], expr = quarkusLiteral(p.Values[i], lookup)
 			if expr != "" {
 				exprs[k] = expr
 			} else {
@@ -400,13 +417,14 @@ func (c *Config) applyProperties(r io.Reader) error {
 }
 
 // quarkusLiteral reads a value of a Debezium Server file as Quarkus (SmallRye
-// Config's ExpressionConfigSourceInterceptor) does where it holds no
-// expression: \$ (\\$ in the file, which java.util.Properties unescapes)
-// and $$ are a literal $, and any other $ is itself. It
-// returns the first configuration expression left unescaped (${name},
-// ${name:default}; an unclosed one counts too, as SmallRye's lenient syntax
-// takes it), or "" when there is none.
-func quarkusLiteral(v string) (literal, expr string) {
+// Config's ExpressionConfigSourceInterceptor) does: \$ (\\$ in the file,
+// which java.util.Properties unescapes) and $$ are a literal $; ${name} and
+// ${name:default} are replaced by what lookup finds for name, else by the
+// default (taken as it is: a nested expression in it is not expanded); any
+// other $ is itself. It returns the first expression nothing resolves (an
+// unclosed one counts too, as SmallRye's lenient syntax takes it), or ""
+// when there is none.
+func quarkusLiteral(v string, lookup func(string) (string, bool)) (literal, expr string) {
 	if !strings.Contains(v, "$") {
 		return v, ""
 	}
@@ -417,11 +435,24 @@ func quarkusLiteral(v string) (literal, expr string) {
 			b.WriteByte('$')
 			i++
 		case v[i] == '$' && i+1 < len(v) && v[i+1] == '{':
-			if expr == "" {
-				expr = v[i:]
-				if end := strings.IndexByte(expr, '}'); end >= 0 {
-					expr = expr[:end+1]
+			rest := v[i:]
+			end := strings.IndexByte(rest, '}')
+			if end >= 0 {
+				name, def, hasDef := strings.Cut(rest[2:end], ":")
+				if val, ok := lookup(name); ok {
+					b.WriteString(val)
+					i += end
+					continue
 				}
+				if hasDef {
+					b.WriteString(def)
+					i += end
+					continue
+				}
+				rest = rest[:end+1]
+			}
+			if expr == "" {
+				expr = rest
 			}
 			b.WriteByte('$')
 		default:
@@ -431,14 +462,29 @@ func quarkusLiteral(v string) (literal, expr string) {
 	return b.String(), expr
 }
 
+// envName is the environment variable SmallRye reads for a configuration
+// name: upper case, every character but a letter or digit an underscore.
+func envName(name string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			return r
+		}
+		return '_'
+	}, name)
+}
+
 // unexpandedError refuses a configuration expression in a value the router
 // takes from a Debezium Server file. Quarkus expands it before Debezium sees
 // the value (Debezium Server 3.6.1 refuses to start when nothing is named so,
 // as with ${routedByValue}); this router does not expand it, so the two would
 // route differently.
 func unexpandedError(key, expr string) error {
-	return fmt.Errorf("%s: Debezium Server (Quarkus) expands %s as a configuration expression before Debezium sees it "+
-		"(and refuses to start when nothing has that name); write $%s for a literal %s, or write the value itself: this router expands no expression",
+	return fmt.Errorf("%s: Debezium Server (Quarkus) expands %s as a configuration expression before Debezium sees it, "+
+		"and nothing resolves it here (no key of the file, no environment variable, no default), so Debezium Server would refuse to start; "+
+		"write $%s for a literal %s, or set what it names",
 		key, expr, expr, expr)
 }
 

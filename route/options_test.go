@@ -276,6 +276,7 @@ func TestExtendedHeaders(t *testing.T) {
 // such expressions, and an expression in a key the router does not take is
 // Debezium Server's business.
 func TestParsePropertiesServerExpression(t *testing.T) {
+	t.Setenv("OUTBOX_TEST_TOPIC_PREFIX", "env")
 	const server = "debezium.sink.type=kafka\ndebezium.transforms=outbox\ndebezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
 	const connect = "transforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n"
 	for _, tc := range []struct {
@@ -295,9 +296,25 @@ func TestParsePropertiesServerExpression(t *testing.T) {
 		props:   server + "debezium.format.value=avro\ndebezium.format.value.schema.registry.url=${REGISTRY_URL}\n",
 		wantErr: []string{"debezium.format.value.schema.registry.url", "$${REGISTRY_URL}"},
 	}, {
-		name:    "server expression in the topic prefix",
-		props:   server + "debezium.source.topic.prefix=${PREFIX:shop}\n",
-		wantErr: []string{"debezium.source.topic.prefix", "$${PREFIX:shop}"},
+		name:    "server expression in the topic prefix, unresolved",
+		props:   server + "debezium.source.topic.prefix=${OUTBOX_TEST_UNSET_PREFIX}\n",
+		wantErr: []string{"debezium.source.topic.prefix", "$${OUTBOX_TEST_UNSET_PREFIX}"},
+	}, {
+		name:      "server expression resolved by its default",
+		props:     server + "debezium.transforms.outbox.route.topic.replacement=${OUTBOX_TEST_UNSET_PREFIX:shop}.$${routedByValue}\n",
+		wantTopic: "shop.${routedByValue}",
+	}, {
+		name:      "server expression resolved by the environment",
+		props:     server + "debezium.transforms.outbox.route.topic.replacement=${OUTBOX_TEST_TOPIC_PREFIX}.$${routedByValue}\n",
+		wantTopic: "env.${routedByValue}",
+	}, {
+		name:      "server expression resolved by the environment, as SmallRye maps a dotted name",
+		props:     server + "debezium.transforms.outbox.route.topic.replacement=${outbox.test.topic.prefix}.$${routedByValue}\n",
+		wantTopic: "env.${routedByValue}",
+	}, {
+		name:      "server expression resolved by another key of the file",
+		props:     server + "prefix.of.topics=file\ndebezium.transforms.outbox.route.topic.replacement=${prefix.of.topics}.$${routedByValue}\n",
+		wantTopic: "file.${routedByValue}",
 	}, {
 		name:      "server last value of a key given twice wins",
 		props:     server + "debezium.transforms.outbox.route.topic.replacement=outbox.${routedByValue}\ndebezium.transforms.outbox.route.topic.replacement=outbox.$${routedByValue}\n",
