@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
 // TestPollOrderPrecondition: poll mode publishes an aggregate's events in
@@ -26,10 +24,7 @@ import (
 // committed first is read second. (The WAL relay publishes in commit order
 // and needs no such rule.) OUTBOX_TEST_SEED repeats a draw.
 func TestPollOrderPrecondition(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	if _, err := admin.Exec(ctx, `CREATE TABLE agg (id text PRIMARY KEY, version int NOT NULL DEFAULT 0);

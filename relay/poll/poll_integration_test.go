@@ -16,10 +16,7 @@ import (
 // within one of each other; a reader whose session ends frees its buckets,
 // which the others take.
 func TestRebalance(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	cfg := Config{Schema: "public", Table: "outbox", Key: "aggregateid", Buckets: 16, Batch: 10, BatchBytes: 1 << 20}
 	var readers []*Reader
@@ -99,10 +96,7 @@ func TestRebalance(t *testing.T) {
 // than the one that joined (a transaction-mode pooler) says so instead of
 // trusting locks it does not hold.
 func TestNotSession(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	a, b := pg.Conn(t, "outbox"), pg.Conn(t, "outbox")
 	r, err := Open(ctx, a, Config{Schema: "public", Table: "outbox", Key: "aggregateid", Buckets: 4, Batch: 10, BatchBytes: 1 << 20})
@@ -116,4 +110,15 @@ func TestNotSession(t *testing.T) {
 	if _, err := r.Rebalance(ctx); !errors.Is(err, ErrNotSession) {
 		t.Fatalf("Rebalance on another session: %v; want ErrNotSession", err)
 	}
+}
+
+// startPrepared starts a cluster for the test with the poll variant applied
+// to its outbox.
+func startPrepared(t *testing.T) *testenv.Postgres {
+	t.Helper()
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
+		t.Fatal(err)
+	}
+	return pg
 }

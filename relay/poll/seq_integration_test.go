@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
 // TestMarkSharedSeq: two unpublished rows share a seq value (a cutover that
@@ -18,10 +16,7 @@ import (
 // by seq alone and marked the unread row too, whose event was then never
 // sent.
 func TestMarkSharedSeq(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	// A table prepared by an older variant (or a partitioned one, where a
@@ -89,10 +84,7 @@ func TestMarkSharedSeq(t *testing.T) {
 // read (two rows with the same seq and id: a copy loaded twice) is an
 // error, and changes nothing.
 func TestMarkMoreThanRead(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	for _, q := range []string{
@@ -133,10 +125,7 @@ func TestMarkMoreThanRead(t *testing.T) {
 // values that sort before older unpublished ones of their aggregate, and
 // share values with them: Open refuses, naming setval.
 func TestOpenRefusesSequenceBehind(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	for _, q := range []string{
@@ -174,10 +163,7 @@ func TestOpenRefusesSequenceBehind(t *testing.T) {
 // a writer whose sequence fell behind fails loudly instead of sharing a
 // value with an unpublished row.
 func TestVariantSeqUnique(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	if _, err := admin.Exec(ctx, `INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload, seq) OVERRIDING SYSTEM VALUE
@@ -196,10 +182,7 @@ func TestVariantSeqUnique(t *testing.T) {
 // BYPASSRLS; a role that bypasses it, or owns the table, opens. A policy
 // enabled after Open fails the reads instead of filtering them.
 func TestOpenRefusesRowSecurity(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	for _, q := range []string{
@@ -259,10 +242,7 @@ func TestOpenRefusesRowSecurity(t *testing.T) {
 // and every batch was published again for ever. The id read is cast back
 // to the column's type.
 func TestMarkCharID(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	for _, q := range []string{
@@ -297,10 +277,7 @@ func TestMarkCharID(t *testing.T) {
 // the check (a cast of every sequence's name to regclass checked USAGE on
 // each schema, and was refused).
 func TestOpenSequenceStates(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	for _, q := range []string{

@@ -3,8 +3,6 @@ package poll
 import (
 	"context"
 	"testing"
-
-	"github.com/pgoutbox/pgoutbox/internal/testenv"
 )
 
 // TestReadSkewedBacklog: one hot aggregate has a large backlog; a reader
@@ -14,10 +12,7 @@ import (
 // per idle instance). The hot bucket's own reader reads a batch, not the
 // backlog.
 func TestReadSkewedBacklog(t *testing.T) {
-	pg := testenv.StartPostgres(t, testenv.PGOptions{})
-	if err := pg.Psql("outbox", "-q", "-v", "ON_ERROR_STOP=1", "-f", testenv.RepoRoot()+"/sql/variants/outbox_poll.sql"); err != nil {
-		t.Fatal(err)
-	}
+	pg := startPrepared(t)
 	ctx := context.Background()
 	admin := pg.Conn(t, "outbox")
 	const hot = 50000
