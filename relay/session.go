@@ -465,6 +465,7 @@ func (r *Relay) streamSlot(stop *stopper, c *conns, pool *pgxpool.Pool, tr *trac
 		ColumnInfo: wal.ColumnInfoOf(pool),
 		// A path gone silent ends the session; the next reconnects.
 		SilenceTimeout: r.silenceTimeout(c),
+		Busy:           walsenderBusy(pool, c.rconn.PID()),
 		Counters: wal.Counters{
 			Ignored: func(kind string) { r.metrics.Ignored.WithLabelValues(kind).Inc() },
 			Refused: r.metrics.Refused.Inc,
@@ -548,4 +549,20 @@ func (r *Relay) sessionResult(stop *stopper, prodErr, streamErr, swErr error) er
 		return swErr
 	}
 	return nil
+}
+
+// walsenderBusy is the stream's Busy: whether the walsender pid, seen
+// through the pool, is at work (on the CPU, or waiting on I/O or a lock)
+// rather than waiting for its client or for WAL, which is where a silent
+// path leaves it (WalSenderMain, WalSenderWaitForWAL, WalSenderWriteData:
+// the Activity and Client classes).
+func walsenderBusy(pool *pgxpool.Pool, pid uint32) func(context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		var busy bool
+		err := pool.QueryRow(ctx, `SELECT coalesce(wait_event_type, '') NOT IN ('Client', 'Activity') FROM pg_stat_get_activity($1)`, int32(pid)).Scan(&busy)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return busy, err
+	}
 }

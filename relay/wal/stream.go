@@ -102,6 +102,15 @@ type Stream struct {
 	// connection are bounded by the same clock, so that a send buffer the
 	// path no longer drains cannot block the stream (or its end) instead.
 	SilenceTimeout time.Duration
+	// Busy, asked when the stream has heard nothing for SilenceTimeout, says
+	// from another connection whether the walsender is busy rather than
+	// cut off: on PostgreSQL 13 to 15 it reads nothing from the client
+	// while it replays a committed transaction none of whose changes reach
+	// the output plugin (a table rewrite: ALTER TABLE ... TYPE on any table
+	// of the database), so the probe goes unanswered for as long, and the
+	// same replay after every reconnect made a silence that never ended.
+	// Busy: the silence clock starts again. An error, or nil Busy: silent.
+	Busy func(context.Context) (bool, error)
 	// Abort, when done, stops Run at once, without the grace: the leader
 	// lost its lease and must publish nothing more.
 	Abort    context.Context
@@ -244,7 +253,10 @@ func (s *Stream) Run(ctx context.Context, start uint64) error {
 			}
 		}
 		if s.SilenceTimeout > 0 && now.Sub(s.heard) >= s.SilenceTimeout {
-			return s.wentSilent(now)
+			if !s.busy(ctx) {
+				return s.wentSilent(now)
+			}
+			s.heard, s.probed = now, false
 		}
 		probe := s.SilenceTimeout > 0 && !s.probed && !now.Before(s.heard.Add(s.SilenceTimeout/4))
 		if probe || !now.Before(s.nextStatus) {
@@ -328,6 +340,24 @@ func (e *silentError) Error() string {
 }
 
 func (e *silentError) Is(target error) bool { return target == ErrSilent }
+
+// busy asks Busy, within a bound, whether the walsender is busy decoding.
+func (s *Stream) busy(ctx context.Context) bool {
+	if s.Busy == nil {
+		return false
+	}
+	bctx, cancel := context.WithTimeout(ctx, min(s.SilenceTimeout/2, 5*time.Second))
+	defer cancel()
+	busy, err := s.Busy(bctx)
+	if err != nil {
+		s.Log.Warn("could not ask whether the walsender is busy; taking the silence for a silent path", "slot", s.Slot, "err", err)
+		return false
+	}
+	if busy {
+		s.Log.Info("the server sent nothing for the silence timeout, but its walsender is busy (decoding a transaction whose changes are not published, such as a table rewrite); waiting again", "slot", s.Slot, "timeout", s.SilenceTimeout)
+	}
+	return busy
+}
 
 // wentSilent counts a silent end and returns its error. Every later read
 // or write of the connection fails at once from here on: the session then
