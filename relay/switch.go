@@ -165,16 +165,16 @@ func (r *Relay) checkPollHandover(ctx context.Context, conn *pgx.Conn) error {
 // the unpublished rows now (a row that commits later, whatever its seq, is
 // in the stream). Poll mode publishes them in seq order, so an aggregate's
 // earlier events are in Kafka before the stream gives its later ones. No
-// poll reader running (or no table prepared for it): nothing to wait for.
-// A poll reader that stops meanwhile leaves rows nobody publishes: refused.
+// such row (or no table prepared for poll mode): nothing to wait for. No
+// poll reader running while such rows wait is given three OUTBOX_LEASE_TTLs
+// (a rolling restart of the poll relays), then refused: nobody would publish
+// them, or a poll relay started later would publish them after the
+// stream's newer events of their aggregates. The wait is said in the log
+// and, as the session's last error, in the stall reason.
 func (r *Relay) awaitPollHandover(ctx context.Context, conn *pgx.Conn) error {
 	tbl := pgx.Identifier{r.schema, r.table}.Sanitize()
 	seq, err := poll.SeqColumn(ctx, conn, r.schema, r.table)
 	if err != nil || seq == "" {
-		return err
-	}
-	readers, err := poll.Readers(ctx, conn, r.schema, r.table)
-	if err != nil || readers == 0 {
 		return err
 	}
 	col := pgx.Identifier{seq}.Sanitize()
@@ -185,26 +185,38 @@ func (r *Relay) awaitPollHandover(ctx context.Context, conn *pgx.Conn) error {
 	if most == nil {
 		return nil
 	}
+	grace := 3 * r.cfg.LeaseTTL
 	count := fmt.Sprintf("SELECT count(*) FROM %s WHERE %s IS NULL AND %s <= $1", tbl, poll.Published, col)
-	var said time.Time
+	var said, alone time.Time
 	for {
 		var left int64
 		if err := conn.QueryRow(ctx, count, *most).Scan(&left); err != nil {
 			return fmt.Errorf("poll handover: count the rows poll mode has still to publish: %w", err)
 		}
 		if left == 0 {
+			if !said.IsZero() {
+				r.lastErr.Store(nil)
+			}
 			r.log.Info("poll handover: poll mode has published every row written before the slot; streaming now. Stop the poll relays (README, switching relays)", "table", tbl)
 			return nil
 		}
-		if readers, err = poll.Readers(ctx, conn, r.schema, r.table); err != nil {
+		readers, err := poll.Readers(ctx, conn, r.schema, r.table)
+		if err != nil {
 			return err
 		}
-		if readers == 0 {
-			return fatal.Errorf("poll handover: the poll relays of %s stopped with %d rows written before the slot still unpublished, which the slot does not carry: start them again until the WAL relay says it streams (README, switching relays)", tbl, left)
+		switch {
+		case readers > 0:
+			alone = time.Time{}
+		case alone.IsZero():
+			alone = time.Now()
+		case time.Since(alone) > grace:
+			return fatal.Errorf("poll handover: %d rows of %s written before the slot are not published and no poll relay has run for %s: the slot does not carry them. Start the poll relays again until the WAL relay says it streams (README, switching relays)", left, tbl, grace)
 		}
-		if time.Since(said) > 10*time.Second {
+		if said.IsZero() || time.Since(said) > 10*time.Second {
 			said = time.Now()
-			r.log.Warn("poll handover: waiting for poll mode to publish the rows written before the slot before streaming, so that no aggregate's later event overtakes an earlier one", "table", tbl, "rows_left", left, "up_to_"+seq, *most, "poll_readers", readers)
+			msg := fmt.Sprintf("poll handover: waiting for poll mode to publish %d rows written before the slot (%s up to %d) before streaming, so that no aggregate's later event overtakes an earlier one; %d poll relays running", left, seq, *most, readers)
+			r.lastErr.Store(&msg)
+			r.log.Warn(msg, "table", tbl)
 		}
 		select {
 		case <-ctx.Done():

@@ -139,3 +139,70 @@ func TestSwitchPollToWAL(t *testing.T) {
 		t.Fatalf("after the undo, rows can be deleted again: %v", err)
 	}
 }
+
+// TestSwitchPollToWALRestart: the poll relays restart (a rolling update)
+// while the WAL relay waits for them to publish what was written before
+// its slot: it waits on (before, it stopped at once), and streams once
+// they have; nothing is lost and first deliveries stay in order.
+func TestSwitchPollToWALRestart(t *testing.T) {
+	pg := testenv.StartPostgres(t, testenv.PGOptions{})
+	brokers := testenv.SharedKafka(t)
+	preparePoll(t, pg)
+	ctx := context.Background()
+	conn := pg.Conn(t, "outbox")
+	agg := uniqueType("restart")
+	c := testenv.StartConsumer(t, brokers, "outbox.event."+agg)
+	w := testenv.NewWriter()
+	w.Write(t, ctx, conn, agg, 3000, 5, 20)
+	pcfg := pollConfig(t, pg.DSN("outbox"), brokers)
+	pcfg.PollBatch = 10
+	pollRun := startRelay(t, pcfg)
+	pollRun.waitPolling(t)
+	walCfg := testConfig(t, pg.DSN("outbox"), brokers)
+	walCfg.Snapshot = "never"
+	walCfg.LeaseTTL = 2 * time.Second
+	walCfg.StatusInterval = 100 * time.Millisecond
+	if err := walCfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	wal := startRelay(t, walCfg)
+	// The WAL relay waits for the backlog: restart the poll relay then.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", walCfg.Slot).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the WAL relay created no slot within 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if wal.relay.Streaming() {
+		t.Fatal("the WAL relay streams before poll mode published its backlog")
+	}
+	if err := pollRun.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	select {
+	case err := <-wal.done:
+		wal.cancel = nil
+		t.Fatalf("the WAL relay stopped while the poll relay restarted: %v", err)
+	default:
+	}
+	pollRun = startRelay(t, pcfg)
+	w.Write(t, ctx, conn, agg, 200, 5, 5)
+	wal.waitStreaming(t)
+	if err := pollRun.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(t, ctx, conn, agg, 200, 5, 5)
+	events := w.Snapshot()
+	c.WaitFor(t, events, 60*time.Second)
+	t.Logf("%d events, %d duplicates, first deliveries in order", len(events), c.Verify(t, events))
+
+}
