@@ -422,6 +422,7 @@ func (r *Relay) stream(stop *stopper, c *conns, pool *pgxpool.Pool, prod *publis
 	}
 	if streamErr == nil {
 		writing.Go(func() error {
+			sw.Failed = r.stateWriteFailed
 			err := sw.Run(stop.read, r.cfg.StatusInterval)
 			if err != nil {
 				r.stateWriteFailed(err)

@@ -59,6 +59,7 @@ func TestStallStateWriteFails(t *testing.T) {
 				t.Fatalf("healthy: slot confirmed %X -> %X, %d published; want both moving", before, after, run.relay.Published())
 			}
 
+			reconnects := metricValue(t, run, "outbox_connector_reconnects_total")
 			undo := tc.block(t, pg, conn)
 			published := run.relay.Published()
 			began := time.Now()
@@ -98,6 +99,15 @@ func TestStallStateWriteFails(t *testing.T) {
 				t.Errorf("%d backends wait on a lock; want at most the state write in flight", waiting)
 			}
 
+			// A lock not granted is someone else's moment: the writer
+			// tries again at its next tick, and the session goes on
+			// (before, each failed write ended it, and the next one read
+			// the unconfirmed suffix again).
+			if tc.says == "lock" {
+				if now := metricValue(t, run, "outbox_connector_reconnects_total"); now != reconnects {
+					t.Errorf("reconnects while the state row was locked: %q -> %q; want the session kept", reconnects, now)
+				}
+			}
 			undo()
 			waitStalled(t, run, false, 30*time.Second)
 			events := load.Halt()

@@ -2,11 +2,13 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox/relay/fault"
 	"github.com/pgoutbox/pgoutbox/relay/lease"
@@ -60,6 +62,12 @@ type Writer struct {
 	msgRecorded atomic.Bool
 	lastTarget  atomic.Uint64
 	faults      fault.Hook
+	// Failed is told a periodic write that failed waiting for a lock
+	// (LockWait: another transaction holds the state row or, through the
+	// fence, the lease row, say a lease renewal waiting on a synchronous
+	// standby); Run then tries again at its next tick instead of ending
+	// the session. Nil: such a failure ends Run as any other.
+	Failed func(error)
 }
 
 // SawMessage records that the stream decoded an event written as a logical
@@ -188,6 +196,14 @@ func (w *Writer) Run(ctx context.Context, every time.Duration) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			// A lock not granted in LockWait is someone else's moment: the
+			// write is retried at the next tick (ending the session for it
+			// replayed a suffix, and a writer that keeps failing is the
+			// stall the caller says through Failed).
+			if pgErr := (*pgconn.PgError)(nil); w.Failed != nil && errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+				w.Failed(err)
+				continue
 			}
 			return err
 		}
