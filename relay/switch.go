@@ -93,7 +93,7 @@ func MarkDelivered(ctx context.Context, cfg config.Config, idColumn string, out 
 		return 0, 0, err
 	}
 	if has && !st.Recover.IsZero() && st.Recover.Xmin <= started {
-		return 0, 0, fatal.Errorf("the WAL relay of slot %q recorded no recovery point newer than this command within %s (its newest is transaction %d, of %s; this command began at %d): it does not stream, or its state writes fail. Marked nothing: run this while the WAL relay streams", cfg.Slot, switchWait, st.Recover.Xmin, st.Recover.At.UTC().Format(time.RFC3339), started)
+		return 0, 0, fatal.Errorf("the WAL relay of slot %q recorded no recovery point newer than this command within %s (its newest is transaction %d, of %s; this command began at %d). It records a newer one as it delivers events: the outbox had none since (run this while the services write, or again after one event), or the WAL relay does not stream, or its state writes fail, or a transaction older than this command is still open (see pg_stat_activity.backend_xmin). Marked nothing", cfg.Slot, switchWait, st.Recover.Xmin, st.Recover.At.UTC().Format(time.RFC3339), started)
 	}
 	var system string
 	if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&system); err != nil {
