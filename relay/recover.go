@@ -269,7 +269,8 @@ func (r *Relay) checkRecoverable(ctx context.Context, q querier, w recoveryWindo
 	}
 	return inWindow, fatal.Errorf("cannot recover slot %q from the outbox table: %s, and %s. "+
 		"No recovery from the table is complete then (outbox modes delete-after-insert and message: the events exist only in the WAL; or a retention shorter than the gap). "+
-		"Find the missing events elsewhere (the services' own tables), publish them, then start once with OUTBOX_ON_SLOT_LOSS=fail and OUTBOX_ACCEPT_SLOT_RESET=true (a new slot, from now on). "+
+		"Find the missing events elsewhere (the services' own tables), publish them, then run connector recover -allow-gap once: it publishes what the table still holds of the window and finishes the recovery "+
+		"(the way out once the recovery has begun, its new slot created; before that, starting once with OUTBOX_ON_SLOT_LOSS=fail and OUTBOX_ACCEPT_SLOT_RESET=true instead makes a new slot from now on, the window skipped). "+
 		"If you know the table holds every event of the window (the outbox was quiet before it, or emptied on purpose), run connector recover -allow-gap once",
 		r.cfg.Slot, since, why)
 }
