@@ -613,17 +613,19 @@ FROM (SELECT m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, n) ORDER BY n) AS
 // pollGuard is true unless an outbox table a relay may read, Config.Table
 // (parameter $n) or the connector's default public.outbox ($n+1), is
 // prepared for the connector's poll mode (sql/variants/outbox_poll.sql adds
-// published_at), or any table of the database carries the variant's
-// trigger (a poll relay's OUTBOX_TABLE may be neither): a poll-mode relay
-// reads the table, never the WAL, so a message would be lost. A message has
-// no table of its own, so Config.Table alone would let a Writer whose Table
-// names another table emit messages no relay reads, while the default one
-// is polled. The tables are looked up by name in the catalog, not with
-// to_regclass, which needs USAGE on their schema: a writer's role without
-// it on public failed every message. A few lookups by the catalog's
-// indexes, from the server's cache.
+// published_at): a poll-mode relay reads the table, never the WAL, so a
+// message would be lost. A message has no table of its own, so Config.Table
+// alone would let a Writer whose Table names another table emit messages no
+// relay reads, while the default one is polled. A poll relay whose
+// OUTBOX_TABLE is neither is not seen: set Config.Table to it (every table
+// of the database with the variant would refuse the messages of services
+// whose WAL relays share the database with another service's poll relay).
+// The tables are looked up by name in the catalog, not with to_regclass,
+// which needs USAGE on their schema: a writer's role without it on public
+// failed every message. A few lookups by the catalog's indexes, from the
+// server's cache.
 func pollGuard(n int) string {
-	return fmt.Sprintf("NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_poll_refuse_delete') AND NOT EXISTS (%s)", preparedTables(fmt.Sprintf("ARRAY[$%d, $%d]", n, n+1)))
+	return fmt.Sprintf("NOT EXISTS (%s)", preparedTables(fmt.Sprintf("ARRAY[$%d, $%d]", n, n+1)))
 }
 
 // preparedTables is the query of the tables among names (an SQL text[] of
@@ -637,10 +639,8 @@ func preparedTables(names string) string {
 }
 
 // pollTableProbe names the first of the tables ($1) that pollGuard found
-// prepared for the poll mode, else a table carrying the variant's trigger
-// ("" when none is now).
-var pollTableProbe = `SELECT coalesce((SELECT t FROM (` + preparedTables("$1::text[]") + `) p ORDER BY n LIMIT 1),
-	(SELECT tgrelid::regclass::text FROM pg_trigger WHERE tgname = 'outbox_poll_refuse_delete' ORDER BY tgrelid LIMIT 1), '')`
+// prepared for the poll mode ("" when none is now).
+var pollTableProbe = `SELECT coalesce((SELECT t FROM (` + preparedTables("$1::text[]") + `) p ORDER BY n LIMIT 1), '')`
 
 // errPollMode is Write's error for a message a poll-mode relay would never
 // see. probe runs pollTableProbe in the caller's transaction, so that the
@@ -653,9 +653,7 @@ func (w *Writer) errPollMode(probe func(sql string, args ...any) (string, error)
 	if name, err := probe(pollTableProbe, []string{w.table, defaultTable}); err == nil && name != "" {
 		table = name
 	}
-	if table != w.table && table != defaultTable && !strings.Contains(table, " or ") {
-		table += " (it carries the poll variant's trigger: a poll-mode relay may read it whatever Config.Table names)"
-	} else if table == defaultTable && w.table != defaultTable {
+	if table == defaultTable && w.table != defaultTable {
 		table += " (the connector's default OUTBOX_TABLE, checked whatever Config.Table names: a message has no table of its own)"
 	}
 	return fmt.Errorf("outbox: %s is prepared for the connector's poll mode (it has published_at, sql/variants/outbox_poll.sql), which reads the table and never the WAL: a message (ModeMessage) would never be published; write in ModeTable (delete-after-insert is refused by the table's trigger too)", table)

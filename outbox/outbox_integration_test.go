@@ -525,10 +525,9 @@ func TestPollModeMessageTable(t *testing.T) {
 // TestPollGuardPrivilegesAndOtherTables: the message-mode guard looks the
 // tables up by name, so a writer's role without USAGE on schema public
 // (REVOKE ALL ON SCHEMA public FROM PUBLIC, a hardened database) writes
-// messages (to_regclass refused it with 42501 before); and a table
-// carrying the poll variant's trigger refuses messages whatever the
-// writer's Table names (a poll relay's OUTBOX_TABLE may be neither it nor
-// public.outbox).
+// messages (to_regclass refused it with 42501 before); another service's
+// table prepared for poll mode does not refuse them, and a writer whose
+// Table names it is refused.
 func TestPollGuardPrivilegesAndOtherTables(t *testing.T) {
 	pg := testenv.StartPostgres(t, testenv.PGOptions{})
 	ctx := context.Background()
@@ -565,9 +564,19 @@ func TestPollGuardPrivilegesAndOtherTables(t *testing.T) {
 		CREATE TRIGGER outbox_poll_refuse_delete BEFORE DELETE ON other.events FOR EACH ROW WHEN (OLD.published_at IS NULL) EXECUTE FUNCTION other.refuse()`); err != nil {
 		t.Fatal(err)
 	}
+	if err := write(); err != nil {
+		t.Fatalf("a message of app.outbox's writer while another service's other.events is prepared for poll mode: %v; want it written", err)
+	}
+	w, err = outbox.New(outbox.Config{Mode: outbox.ModeMessage, Table: "other.events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `GRANT USAGE ON SCHEMA other TO writer`); err != nil {
+		t.Fatal(err)
+	}
 	err = write()
-	if err == nil || !strings.Contains(err.Error(), "other.events") {
-		t.Fatalf("a message while other.events is prepared for poll mode: %v; want a refusal naming it", err)
+	if err == nil || !strings.Contains(err.Error(), "other") {
+		t.Fatalf("a message of a writer whose Table is other.events, prepared for poll mode: %v; want a refusal naming it", err)
 	}
 	t.Logf("refused: %v", err)
 }

@@ -560,7 +560,11 @@ func (r *Relay) sessionResult(stop *stopper, prodErr, streamErr, swErr error) er
 func walsenderBusy(pool *pgxpool.Pool, pid uint32) func(context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
 		var busy bool
-		err := pool.QueryRow(ctx, `SELECT coalesce(wait_event_type, '') NOT IN ('Client', 'Activity') FROM pg_stat_get_activity($1)`, int32(pid)).Scan(&busy)
+		// A row this role may not see whole (state NULL), or another
+		// backend's (a multi-host DSN whose pool went to another node),
+		// is no sign of work.
+		err := pool.QueryRow(ctx, `SELECT coalesce(wait_event_type, '') NOT IN ('Client', 'Activity') FROM pg_stat_get_activity($1)
+			WHERE backend_type = 'walsender' AND state IS NOT NULL`, int32(pid)).Scan(&busy)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}

@@ -186,14 +186,17 @@ func (r *Relay) awaitPollHandover(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	grace := 3 * r.cfg.LeaseTTL
+	// Light on the primary: whether any is left, every second; how many,
+	// only when said.
+	exists := fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE %s IS NULL AND %s <= $1)", tbl, poll.Published, col)
 	count := fmt.Sprintf("SELECT count(*) FROM %s WHERE %s IS NULL AND %s <= $1", tbl, poll.Published, col)
 	var said, alone time.Time
 	for {
-		var left int64
-		if err := conn.QueryRow(ctx, count, *most).Scan(&left); err != nil {
-			return fmt.Errorf("poll handover: count the rows poll mode has still to publish: %w", err)
+		var pending bool
+		if err := conn.QueryRow(ctx, exists, *most).Scan(&pending); err != nil {
+			return fmt.Errorf("poll handover: look for rows poll mode has still to publish: %w", err)
 		}
-		if left == 0 {
+		if !pending {
 			if !said.IsZero() {
 				r.lastErr.Store(nil)
 			}
@@ -210,10 +213,14 @@ func (r *Relay) awaitPollHandover(ctx context.Context, conn *pgx.Conn) error {
 		case alone.IsZero():
 			alone = time.Now()
 		case time.Since(alone) > grace:
-			return fatal.Errorf("poll handover: %d rows of %s written before the slot are not published and no poll relay has run for %s: the slot does not carry them. Start the poll relays again until the WAL relay says it streams (README, switching relays)", left, tbl, grace)
+			return fatal.Errorf("poll handover: rows of %s written before the slot %q are not published and no poll relay has run for %s: the slot does not carry them. Start the poll relays again until the WAL relay says it streams (README, switching relays); or drop the slot (SELECT pg_drop_replication_slot('%s')) and start once with OUTBOX_SNAPSHOT=initial, which publishes every row of the table again", tbl, r.cfg.Slot, grace, r.cfg.Slot)
 		}
 		if said.IsZero() || time.Since(said) > 10*time.Second {
 			said = time.Now()
+			var left int64
+			if err := conn.QueryRow(ctx, count, *most).Scan(&left); err != nil {
+				return fmt.Errorf("poll handover: count the rows poll mode has still to publish: %w", err)
+			}
 			msg := fmt.Sprintf("poll handover: waiting for poll mode to publish %d rows written before the slot (%s up to %d) before streaming, so that no aggregate's later event overtakes an earlier one; %d poll relays running", left, seq, *most, readers)
 			r.lastErr.Store(&msg)
 			r.log.Warn(msg, "table", tbl)
@@ -221,7 +228,7 @@ func (r *Relay) awaitPollHandover(ctx context.Context, conn *pgx.Conn) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(time.Second):
 		}
 	}
 }

@@ -301,17 +301,16 @@ func (c *Config) applyProperties(r io.Reader) error {
 	// exprs holds, in server mode, the configuration expression a value
 	// holds unescaped, by key: refused below where the router reads it.
 	all, exprs := map[string]string{}, map[string]string{}
-	raw := map[string]string{}
-	for i, k := range p.Keys {
-		raw[k] = p.Values[i]
-	}
-	// An expression Quarkus resolves is expanded as it would: another key
-	// of the file, else the environment (the name as it is, then as
-	// SmallRye maps it: upper case, every other character '_'), else its
-	// default; only one that nothing resolves is refused.
+	// An expression naming an environment variable this process has (as
+	// named, or as SmallRye maps the name: upper case, every other
+	// character '_'; the environment ranks first in SmallRye too) is
+	// expanded to it. Anything else is refused, a default included:
+	// Debezium Server resolves it in its own environment, or from another
+	// key of its file (itself expanded), and a value guessed here could
+	// route elsewhere than it did, without a word.
 	lookup := func(name string) (string, bool) {
-		if v, ok := raw[name]; ok {
-			return v, true
+		if strings.Contains(name, "$") {
+			return "", false
 		}
 		if v, ok := os.LookupEnv(name); ok {
 			return v, true
@@ -419,11 +418,11 @@ func (c *Config) applyProperties(r io.Reader) error {
 // quarkusLiteral reads a value of a Debezium Server file as Quarkus (SmallRye
 // Config's ExpressionConfigSourceInterceptor) does: \$ (\\$ in the file,
 // which java.util.Properties unescapes) and $$ are a literal $; ${name} and
-// ${name:default} are replaced by what lookup finds for name, else by the
-// default (taken as it is: a nested expression in it is not expanded); any
-// other $ is itself. It returns the first expression nothing resolves (an
-// unclosed one counts too, as SmallRye's lenient syntax takes it), or ""
-// when there is none.
+// ${name:default} are replaced by what lookup finds for name (a nested
+// expression is not expanded, and refused); any other $ is itself. It
+// returns the first expression lookup does not resolve (an unclosed one
+// counts too, as SmallRye's lenient syntax takes it), or "" when there is
+// none.
 func quarkusLiteral(v string, lookup func(string) (string, bool)) (literal, expr string) {
 	if !strings.Contains(v, "$") {
 		return v, ""
@@ -438,14 +437,9 @@ func quarkusLiteral(v string, lookup func(string) (string, bool)) (literal, expr
 			rest := v[i:]
 			end := strings.IndexByte(rest, '}')
 			if end >= 0 {
-				name, def, hasDef := strings.Cut(rest[2:end], ":")
-				if val, ok := lookup(name); ok {
+				name, _, _ := strings.Cut(rest[2:end], ":")
+				if val, ok := lookup(name); ok && !strings.Contains(rest[2:end], "${") {
 					b.WriteString(val)
-					i += end
-					continue
-				}
-				if hasDef {
-					b.WriteString(def)
 					i += end
 					continue
 				}
@@ -483,8 +477,8 @@ func envName(name string) string {
 // route differently.
 func unexpandedError(key, expr string) error {
 	return fmt.Errorf("%s: Debezium Server (Quarkus) expands %s as a configuration expression before Debezium sees it, "+
-		"and nothing resolves it here (no key of the file, no environment variable, no default), so Debezium Server would refuse to start; "+
-		"write $%s for a literal %s, or set what it names",
+		"and this connector resolves only an environment variable it has (not another key of the file, nor a default, which Debezium Server may resolve otherwise); "+
+		"write $%s for a literal %s, or write the value itself, or set the variable it names in this process's environment",
 		key, expr, expr, expr)
 }
 

@@ -300,9 +300,13 @@ func TestParsePropertiesServerExpression(t *testing.T) {
 		props:   server + "debezium.source.topic.prefix=${OUTBOX_TEST_UNSET_PREFIX}\n",
 		wantErr: []string{"debezium.source.topic.prefix", "$${OUTBOX_TEST_UNSET_PREFIX}"},
 	}, {
-		name:      "server expression resolved by its default",
-		props:     server + "debezium.transforms.outbox.route.topic.replacement=${OUTBOX_TEST_UNSET_PREFIX:shop}.$${routedByValue}\n",
-		wantTopic: "shop.${routedByValue}",
+		name:    "server expression with a default, unset here: refused (Debezium Server's environment may differ)",
+		props:   server + "debezium.transforms.outbox.route.topic.replacement=${OUTBOX_TEST_UNSET_PREFIX:shop}.$${routedByValue}\n",
+		wantErr: []string{"debezium.transforms.outbox.route.topic.replacement", "$${OUTBOX_TEST_UNSET_PREFIX:shop}"},
+	}, {
+		name:    "server nested expression: refused",
+		props:   server + "debezium.transforms.outbox.route.topic.replacement=${OUTBOX_TEST_TOPIC_PREFIX:${OTHER}}.$${routedByValue}\n",
+		wantErr: []string{"debezium.transforms.outbox.route.topic.replacement"},
 	}, {
 		name:      "server expression resolved by the environment",
 		props:     server + "debezium.transforms.outbox.route.topic.replacement=${OUTBOX_TEST_TOPIC_PREFIX}.$${routedByValue}\n",
@@ -312,9 +316,9 @@ func TestParsePropertiesServerExpression(t *testing.T) {
 		props:     server + "debezium.transforms.outbox.route.topic.replacement=${outbox.test.topic.prefix}.$${routedByValue}\n",
 		wantTopic: "env.${routedByValue}",
 	}, {
-		name:      "server expression resolved by another key of the file",
-		props:     server + "prefix.of.topics=file\ndebezium.transforms.outbox.route.topic.replacement=${prefix.of.topics}.$${routedByValue}\n",
-		wantTopic: "file.${routedByValue}",
+		name:    "server expression naming another key of the file: refused",
+		props:   server + "prefix.of.topics=file\ndebezium.transforms.outbox.route.topic.replacement=${prefix.of.topics}.$${routedByValue}\n",
+		wantErr: []string{"debezium.transforms.outbox.route.topic.replacement", "$${prefix.of.topics}"},
 	}, {
 		name:      "server last value of a key given twice wins",
 		props:     server + "debezium.transforms.outbox.route.topic.replacement=outbox.${routedByValue}\ndebezium.transforms.outbox.route.topic.replacement=outbox.$${routedByValue}\n",

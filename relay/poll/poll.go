@@ -232,6 +232,12 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 free AS (SELECT t.%[3]s AS seq, t.%[4]s AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL FOR UPDATE OF t SKIP LOCKED),
 done AS (UPDATE %[1]s t SET %[2]s = now() FROM free WHERE t.%[3]s = free.seq AND t.%[4]s = free.id AND t.%[2]s IS NULL RETURNING 1)
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM want) - (SELECT count(*) FROM free)`, name, Published, q, id, idType)
+	// A type without equality (json, point) would fail every mark, the
+	// batch published again and again: said now, before anything is.
+	r.Queries("check")
+	if _, err := r.exec(ctx, "EXPLAIN "+r.mark, []int64{}, []string{}); err != nil {
+		return nil, fmt.Errorf("%w: a mark names each row by %s and its event id %s (%s), and cannot: %v; give %s a type with equality (uuid, text)", ErrNotPrepared, r.seq, cfg.ID, idType, err, cfg.ID)
+	}
 	r.unmark = fmt.Sprintf("SELECT count(*) FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL", name, Published, q, id, idType)
 	created := "NULL::timestamptz"
 	var hasCreated bool

@@ -300,3 +300,18 @@ func TestOpenSequenceStates(t *testing.T) {
 		t.Fatalf("Open as outbox_poller, the sequence restarted at 1000 above a table at 5, beside a schema it may not use: %v", err)
 	}
 }
+
+// TestOpenRefusesIDWithoutEquality: an event id of a type without
+// equality (json) would fail every mark, the batch published again and
+// again: Open refuses it, naming the column.
+func TestOpenRefusesIDWithoutEquality(t *testing.T) {
+	pg := startPrepared(t)
+	ctx := context.Background()
+	if _, err := pg.Conn(t, "outbox").Exec(ctx, `ALTER TABLE outbox DROP CONSTRAINT outbox_pkey, ALTER COLUMN id TYPE json USING to_json(id::text)`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(ctx, pg.Conn(t, "outbox"), Config{Schema: "public", Table: "outbox", Key: "aggregateid", ID: "id", Buckets: 1, Batch: 10, BatchBytes: 1 << 20})
+	if !errors.Is(err, ErrNotPrepared) || !strings.Contains(err.Error(), "equality") {
+		t.Fatalf("Open with a json id: %v; want ErrNotPrepared about equality", err)
+	}
+}

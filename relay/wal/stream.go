@@ -346,7 +346,9 @@ func (s *Stream) busy(ctx context.Context) bool {
 	if s.Busy == nil {
 		return false
 	}
-	bctx, cancel := context.WithTimeout(ctx, min(s.SilenceTimeout/2, 5*time.Second))
+	// Not ended by a soft stop: within its grace the stream still reads,
+	// and a walsender busy then is not a silent path either.
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.SilenceTimeout/2, 5*time.Second))
 	defer cancel()
 	busy, err := s.Busy(bctx)
 	if err != nil {
