@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,7 +48,6 @@ func TestSilenceWhileDecodingRewrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rc.Close(ctx)
 	res, err := pglogrepl.CreateReplicationSlot(ctx, rc, "s", "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication})
 	if err != nil {
 		t.Fatal(err)
@@ -61,13 +61,13 @@ func TestSilenceWhileDecodingRewrite(t *testing.T) {
 			got <- time.Now()
 		}
 	}()
-	busyAsked := 0
+	var busyAsked atomic.Int32
 	s := &wal.Stream{Conn: rc, Slot: "s", Publication: "p", Schema: "public", Table: "outbox",
 		Tracker: tracker.New(tracker.LSN(start)), Out: out, StatusInterval: 250 * time.Millisecond,
 		StopGrace: time.Second, SilenceTimeout: time.Second,
 		Position: wal.ConfirmFunc(func() uint64 { return 0 }),
 		Busy: func(ctx context.Context) (bool, error) {
-			busyAsked++
+			busyAsked.Add(1)
 			var busy bool
 			err := side.QueryRow(ctx, `SELECT coalesce(wait_event_type, '') NOT IN ('Client', 'Activity') FROM pg_stat_get_activity($1)`, int32(rc.PID())).Scan(&busy)
 			return busy, err
@@ -75,8 +75,17 @@ func TestSilenceWhileDecodingRewrite(t *testing.T) {
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	done := make(chan error, 1)
 	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
 	go func() { done <- s.Run(runCtx, uint64(start)) }()
+	// The stream owns rc until Run returns: stop it, then close.
+	defer func() {
+		stop()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("the stream did not stop within 30s")
+		}
+		rc.Close(context.Background())
+	}()
 	time.Sleep(time.Second)
 	t0 := time.Now()
 	if _, err := c.Exec(ctx, "ALTER TABLE big ALTER v TYPE bigint"); err != nil {
@@ -87,8 +96,9 @@ func TestSilenceWhileDecodingRewrite(t *testing.T) {
 	}
 	select {
 	case at := <-got:
-		t.Logf("the event after a 3M-row rewrite delivered %s after the rewrite began; the walsender was asked %d times whether it was busy", at.Sub(t0), busyAsked)
+		t.Logf("the event after a 3M-row rewrite delivered %s after the rewrite began; the walsender was asked %d times whether it was busy", at.Sub(t0), busyAsked.Load())
 	case err := <-done:
+		done <- err // for the deferred stop
 		t.Fatalf("the stream ended %s after the rewrite began: %v (ErrSilent: %v)", time.Since(t0), err, errors.Is(err, wal.ErrSilent))
 	case <-time.After(90 * time.Second):
 		t.Fatal("nothing delivered 90s after the rewrite")
