@@ -63,9 +63,9 @@ func MarkDelivered(ctx context.Context, cfg config.Config, idColumn string, out 
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	tbl := pgx.Identifier{cfg.Table.Schema, cfg.Table.Name}.Sanitize()
-	var prepared bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped)`, tbl, poll.Published).Scan(&prepared); err != nil {
-		return 0, 0, fmt.Errorf("inspect %s: %w", tbl, err)
+	prepared, err := pollPrepared(ctx, conn, tbl)
+	if err != nil {
+		return 0, 0, err
 	}
 	if !prepared {
 		return 0, 0, fatal.Errorf("%s has no column %s: apply sql/variants/outbox_poll.sql first, while the WAL relay still runs", tbl, poll.Published)
@@ -126,15 +126,25 @@ func MarkDelivered(ctx context.Context, cfg config.Config, idColumn string, out 
 	return marked, left, nil
 }
 
+// pollPrepared reports whether the outbox tbl (quoted) was prepared for
+// poll mode: it has the column poll mode marks.
+func pollPrepared(ctx context.Context, conn *pgx.Conn, tbl string) (bool, error) {
+	var prepared bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped)`, tbl, poll.Published).Scan(&prepared); err != nil {
+		return false, fmt.Errorf("inspect %s: %w", tbl, err)
+	}
+	return prepared, nil
+}
+
 // checkPollHandover refuses to create a slot without a snapshot on a table
 // prepared for poll mode that holds rows not published yet while no poll
 // reader runs: the slot streams only what commits after it, and nothing
 // would ever publish them.
 func (r *Relay) checkPollHandover(ctx context.Context, conn *pgx.Conn) error {
 	tbl := pgx.Identifier{r.schema, r.table}.Sanitize()
-	var prepared bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped)`, tbl, poll.Published).Scan(&prepared); err != nil {
-		return fmt.Errorf("inspect %s: %w", tbl, err)
+	prepared, err := pollPrepared(ctx, conn, tbl)
+	if err != nil {
+		return err
 	}
 	if !prepared {
 		return nil

@@ -225,20 +225,23 @@ func Open(ctx context.Context, conn *pgx.Conn, cfg Config) (*Reader, error) {
 	// inserted OVERRIDING SYSTEM VALUE), and marking by it marked rows of
 	// other buckets that nobody had read. The seq lets the partial index
 	// find the row; the id tells it apart.
+	// The rows of a batch ($1 the seqs, $2 the ids read) still unpublished,
+	// as t.
+	batch := fmt.Sprintf("%[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL", name, Published, q, id, idType)
 	r.mark = fmt.Sprintf("UPDATE %[1]s t SET %[2]s = now() FROM unnest($1::bigint[], $2::text[]) AS m(seq, id) WHERE t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s AND t.%[2]s IS NULL", name, Published, q, id, idType)
 	// The rows of a batch no other transaction has locked, marked, and
 	// how many are locked (unpublished, not taken).
-	r.markFree = fmt.Sprintf(`WITH want AS (SELECT t.%[3]s AS seq, t.%[4]s AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL),
-free AS (SELECT t.%[3]s AS seq, t.%[4]s AS id FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL FOR UPDATE OF t SKIP LOCKED),
+	r.markFree = fmt.Sprintf(`WITH want AS (SELECT 1 FROM %[6]s),
+free AS (SELECT t.%[3]s AS seq, t.%[4]s AS id FROM %[6]s FOR UPDATE OF t SKIP LOCKED),
 done AS (UPDATE %[1]s t SET %[2]s = now() FROM free WHERE t.%[3]s = free.seq AND t.%[4]s = free.id AND t.%[2]s IS NULL RETURNING 1)
-SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM want) - (SELECT count(*) FROM free)`, name, Published, q, id, idType)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM want) - (SELECT count(*) FROM free)`, name, Published, q, id, idType, batch)
 	// A type without equality (json, point) would fail every mark, the
 	// batch published again and again: said now, before anything is.
 	r.Queries("check")
 	if _, err := r.exec(ctx, "EXPLAIN "+r.mark, []int64{}, []string{}); err != nil {
 		return nil, fmt.Errorf("%w: a mark names each row by %s and its event id %s (%s), and cannot: %v; give %s a type with equality (uuid, text)", ErrNotPrepared, r.seq, cfg.ID, idType, err, cfg.ID)
 	}
-	r.unmark = fmt.Sprintf("SELECT count(*) FROM %[1]s t JOIN unnest($1::bigint[], $2::text[]) AS m(seq, id) ON t.%[3]s = m.seq AND t.%[4]s = m.id::%[5]s WHERE t.%[2]s IS NULL", name, Published, q, id, idType)
+	r.unmark = "SELECT count(*) FROM " + batch
 	created := "NULL::timestamptz"
 	var hasCreated bool
 	if err := r.queryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'created_at' AND NOT attisdropped AND atttypid = 'timestamptz'::regtype)`, name).Scan(&hasCreated); err != nil {
